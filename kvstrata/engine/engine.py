@@ -1,0 +1,194 @@
+"""Engine: the step loop (schedule -> run -> postprocess) over one model and one KV pool."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig
+from kvstrata.engine.kv_manager import KVCacheManager
+from kvstrata.engine.output_processor import OutputProcessor
+from kvstrata.engine.outputs import RequestOutput
+from kvstrata.engine.request import Request
+from kvstrata.engine.runner import ModelRunner
+from kvstrata.engine.sampling_params import InvalidRequestError, SamplingParams
+from kvstrata.engine.scheduler import ScheduledBatch, Scheduler
+from kvstrata.kv.hashing import namespace_root
+from kvstrata.kv.pool import PagePool
+from kvstrata.kv.radix import RadixPrefixCache
+from kvstrata.model.arch import ModelArch
+from kvstrata.model.attention import make_attention_backend
+from kvstrata.model.fetch import resolve_model
+from kvstrata.model.llama import LlamaModel
+from kvstrata.model.tokenizer import Tokenizer
+from kvstrata.model.weights import load_weights
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    arch: ModelArch
+    model_identity: str
+    served_model_name: str
+    max_model_len: int
+    dtype: str
+    num_pages: int
+    page_size: int
+
+
+class Engine:
+    def __init__(self, model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: SchedulerConfig) -> None:
+        t0 = time.monotonic()
+        if model_cfg.num_threads:
+            torch.set_num_threads(model_cfg.num_threads)
+        path = resolve_model(model_cfg.model)
+        weights = load_weights(path)
+        arch = weights.arch
+        self.tokenizer = Tokenizer.from_path(path)
+        dtype_name = model_cfg.torch_dtype_name()
+        dtype = DTYPES[dtype_name]
+        device = torch.device(model_cfg.device)
+        attention = make_attention_backend(model_cfg.attention_backend)
+        self.model = LlamaModel(arch, weights.tensors, dtype, device, attention)
+        del weights.tensors
+
+        ps = cache_cfg.page_size
+        per_page = PagePool.bytes_per_page(ps, arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype)
+        if cache_cfg.max_total_tokens:
+            num_pages = -(-cache_cfg.max_total_tokens // ps)
+        else:
+            num_pages = max(1, int(cache_cfg.kv_cache_memory * 1e9) // per_page)
+        self.pool = PagePool(num_pages, ps, arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype, device)
+        root = namespace_root(path.name + ":" + weights.identity, dtype_name, ps, "llama-paged-v1")
+        cache = RadixPrefixCache(self.pool, ps, root) if cache_cfg.enable_prefix_caching else None
+        self.prefix_cache = cache
+        self.scheduler = Scheduler(sched_cfg, KVCacheManager(self.pool, cache))
+        self.runner = ModelRunner(self.model, self.pool)
+
+        limit = min(arch.max_position, num_pages * ps)
+        if model_cfg.max_model_len:
+            limit = min(limit, model_cfg.max_model_len)
+        eos = tuple(self.tokenizer.eos_token_ids) or tuple(arch.eos_token_ids)
+        self.outputs = OutputProcessor(self.tokenizer, eos, limit)
+        self.sched_cfg = sched_cfg
+        self.model_cfg = model_cfg
+        self.info = EngineInfo(
+            arch=arch,
+            model_identity=weights.identity,
+            served_model_name=model_cfg.served_model_name or _default_name(model_cfg.model),
+            max_model_len=limit,
+            dtype=dtype_name,
+            num_pages=num_pages,
+            page_size=ps,
+        )
+        self._requests: dict[str, Request] = {}
+        log.info(
+            "engine ready model=%s dtype=%s pages=%d page_size=%d max_model_len=%d threads=%d load_s=%.1f",
+            path.name, dtype_name, num_pages, ps, limit, torch.get_num_threads(), time.monotonic() - t0,
+        )
+
+    # -- requests --------------------------------------------------------------------------
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
+        """Validate a request; returns params with max_tokens clamped to the context left."""
+        vocab = self.info.arch.vocab_size
+        params.validate(vocab, self.sched_cfg.max_n, self.sched_cfg.max_stop_strings)
+        if not prompt_token_ids:
+            raise InvalidRequestError("the prompt is empty", "prompt")
+        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not (0 <= t < vocab)]
+        if bad:
+            raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})", "prompt")
+        limit = self.info.max_model_len
+        if len(prompt_token_ids) >= limit:
+            raise InvalidRequestError(
+                f"the prompt has {len(prompt_token_ids)} tokens but this model's context is {limit} tokens "
+                f"(prompt plus at least one generated token must fit)",
+                "messages",
+                "context_length_exceeded",
+            )
+        room = limit - len(prompt_token_ids)
+        if params.max_tokens > room:
+            params = replace(params, max_tokens=room)
+        return params
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if request_id in self._requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
+        params = self.check_request(prompt_token_ids, params)
+        req = Request(request_id, list(prompt_token_ids), params)
+        self._requests[request_id] = req
+        self.outputs.add(req)
+        self.scheduler.add(req)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return None
+        self.scheduler.finish(req, "abort")
+        return self.outputs.output(req)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # -- the step --------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        try:
+            tokens = self.runner.run(batch)
+        except Exception as exc:  # one bad batch fails its requests, not the engine
+            log.exception("model step failed; failing %d requests", len(batch))
+            return self._fail(batch, f"{type(exc).__name__}: {exc}")
+        return self.postprocess(batch, tokens)
+
+    def postprocess(self, batch: ScheduledBatch, tokens: list[int | None]) -> list[RequestOutput]:
+        self.scheduler.advance(batch)
+        now = time.monotonic()
+        outs: list[RequestOutput] = []
+        for req, tok in zip(batch.requests, tokens):
+            if tok is None or req.finished:
+                continue
+            req.token_ids.append(tok)
+            req.stats.output_tokens = req.num_output_tokens
+            if req.stats.first_token is None:
+                req.stats.first_token = now
+            reason = self.outputs.append_token(req, tok)
+            if reason is not None:
+                self.scheduler.finish(req, reason)
+                self._requests.pop(req.request_id, None)
+            outs.append(self.outputs.output(req))
+        return outs
+
+    def _fail(self, batch: ScheduledBatch, error: str) -> list[RequestOutput]:
+        outs = []
+        for req in batch.requests:
+            req.error = error
+            self.scheduler.finish(req, "error")
+            self._requests.pop(req.request_id, None)
+            outs.append(self.outputs.output(req))
+        return outs
+
+    def flush_cache(self) -> int:
+        return self.scheduler.kv.reset_cache()
+
+    def check_integrity(self) -> None:
+        self.scheduler.check_integrity()
+
+
+def _default_name(model: str) -> str:
+    p = Path(model)
+    return p.stem if p.suffix == ".gguf" else (p.name or model)

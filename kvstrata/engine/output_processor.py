@@ -1,0 +1,77 @@
+"""OutputProcessor: detokenize, apply stop conditions, and cut RequestOutput deltas.
+
+Stop strings are searched in the detokenized text; while a request runs, the last
+(longest stop string - 1) characters are held back so a stop string split across tokens is
+never streamed before it is recognised.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvstrata.engine.outputs import RequestOutput
+from kvstrata.engine.request import Request
+from kvstrata.model.detokenizer import IncrementalDetokenizer
+from kvstrata.model.tokenizer import Tokenizer
+
+
+@dataclass
+class _State:
+    detok: IncrementalDetokenizer
+    text: str = ""  # text so far, cut at a stop string once one is found
+    sent_chars: int = 0
+    sent_tokens: int = 0
+    holdback: int = 0
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer, eos_token_ids: tuple[int, ...], max_model_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.max_model_len = max_model_len
+        self._states: dict[str, _State] = {}
+
+    def add(self, req: Request) -> None:
+        holdback = max((len(s) for s in req.params.stop), default=1) - 1
+        self._states[req.request_id] = _State(IncrementalDetokenizer(self.tokenizer), holdback=holdback)
+
+    def append_token(self, req: Request, token: int) -> str | None:
+        """Record a sampled token; return a finish reason if the request must stop now."""
+        st = self._states[req.request_id]
+        p = req.params
+        is_eos = token in self.eos_token_ids and not p.ignore_eos
+        if is_eos or token in p.stop_token_ids:
+            return "stop"
+        before = len(st.text)
+        st.text += st.detok.feed(token)
+        if p.stop:
+            start = max(0, before - st.holdback)
+            hits = [i for i in (st.text.find(s, start) for s in p.stop) if i >= 0]
+            if hits:
+                st.text = st.text[: min(hits)]
+                return "stop"
+        if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def output(self, req: Request) -> RequestOutput:
+        """The delta since the previous output of this request."""
+        st = self._states[req.request_id]
+        end = len(st.text) if req.finished else max(st.sent_chars, len(st.text) - st.holdback)
+        new_text = st.text[st.sent_chars : end]
+        new_tokens = req.output_token_ids[st.sent_tokens :]
+        st.sent_chars, st.sent_tokens = end, req.num_output_tokens
+        out = RequestOutput(
+            request_id=req.request_id,
+            new_token_ids=new_tokens,
+            new_text=new_text,
+            finished=req.finished,
+            finish_reason=req.finish_reason,
+            prompt_tokens=req.num_prompt_tokens,
+            cached_tokens=req.stats.cached_tokens,
+            output_tokens=req.num_output_tokens,
+            error=req.error,
+            stats=req.stats,
+        )
+        if req.finished:
+            del self._states[req.request_id]
+        return out

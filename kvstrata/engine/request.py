@@ -1,0 +1,69 @@
+"""Request: one sequence's tokens, pages and progress inside the engine."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kvstrata.engine.sampling_params import RequestStats, SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """token_ids = prompt + generated so far. Tokens [0, num_computed_tokens) have K/V in `pages`.
+
+    Page table layout: pages[:num_shared_pages] belong to the prefix cache (kept alive by the
+    lock on `cache_node`); pages[num_shared_pages:] are this request's own.
+    """
+
+    request_id: str
+    token_ids: list[int]
+    params: SamplingParams
+    num_prompt_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    pages: list[int] = field(default_factory=list)
+    num_shared_pages: int = 0
+    cache_node: Any = None
+    num_computed_tokens: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+    stats: RequestStats = field(default_factory=RequestStats)
+    generator: torch.Generator | None = None
+    admitted_once: bool = False
+
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = len(self.token_ids)
+        self.stats.prompt_tokens = self.num_prompt_tokens
+        if not self.stats.arrival:
+            self.stats.arrival = time.monotonic()
+        if self.params.temperature > 0 and self.params.seed is not None:
+            self.generator = torch.Generator().manual_seed(self.params.seed)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED

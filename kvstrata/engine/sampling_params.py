@@ -1,0 +1,99 @@
+"""Per-request sampling parameters (the offline API's `SamplingParams`)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+class InvalidRequestError(ValueError):
+    """A request the user can fix; the server maps it to a 400 with `param` set."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1 = off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    n: int = 1
+    extra_key: str | None = None  # tenant / cache_salt: requests with different keys share no pages
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self, vocab_size: int, max_n: int = 8, max_stop: int = 16) -> None:
+        """Raise InvalidRequestError with the offending parameter named."""
+        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+            raise InvalidRequestError(f"max_tokens must be a positive integer, got {self.max_tokens}", "max_tokens")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise InvalidRequestError(
+                f"temperature must be a finite number >= 0, got {self.temperature}", "temperature"
+            )
+        if not math.isfinite(self.top_p) or not (0.0 < self.top_p <= 1.0):
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
+        if self.top_k < -1:
+            raise InvalidRequestError(f"top_k must be -1, 0 (off) or positive, got {self.top_k}", "top_k")
+        if not (1 <= self.n <= max_n):
+            raise InvalidRequestError(f"n must be between 1 and {max_n}, got {self.n}", "n")
+        if len(self.stop) > max_stop:
+            raise InvalidRequestError(f"at most {max_stop} stop strings are allowed, got {len(self.stop)}", "stop")
+        if any((not isinstance(s, str)) or s == "" for s in self.stop):
+            raise InvalidRequestError("stop strings must be non-empty strings", "stop")
+        bad = [t for t in self.stop_token_ids if not (0 <= t < vocab_size)]
+        if bad:
+            raise InvalidRequestError(
+                f"stop_token_ids {bad} are outside the vocabulary [0, {vocab_size})", "stop_token_ids"
+            )
+
+
+@dataclass
+class RequestStats:
+    """Timings and counts of one request; all times from time.monotonic()."""
+
+    arrival: float = 0.0
+    scheduled: float | None = None  # first time any of its tokens ran
+    first_token: float | None = None
+    finished: float | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from a cache (any tier)
+    output_tokens: int = 0
+    tier_tokens: dict[str, int] = field(default_factory=dict)  # device/host/store -> tokens
+
+    def as_log_fields(self, finish_reason: str | None) -> dict[str, object]:
+        def ms(a: float | None, b: float | None) -> float | None:
+            return None if a is None or b is None else round((b - a) * 1000.0, 2)
+
+        decode_s = None if self.first_token is None or self.finished is None else self.finished - self.first_token
+        decode_tps = (
+            round((self.output_tokens - 1) / decode_s, 2) if decode_s and self.output_tokens > 1 else None
+        )
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cache_tokens": self.cached_tokens,
+            "cache_hit_rate": round(self.cached_tokens / self.prompt_tokens, 4) if self.prompt_tokens else 0.0,
+            **{f"{tier}_tokens": n for tier, n in self.tier_tokens.items()},
+            "queue_ms": ms(self.arrival, self.scheduled),
+            "prefill_ms": ms(self.scheduled, self.first_token),
+            "ttft_ms": ms(self.arrival, self.first_token),
+            "total_ms": ms(self.arrival, self.finished),
+            "decode_tps": decode_tps,
+            "output_tokens": self.output_tokens,
+            "finish_reason": finish_reason,
+        }

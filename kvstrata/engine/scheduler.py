@@ -1,0 +1,122 @@
+"""Scheduler: continuous batching with chunked prefill, a token budget, FCFS and preemption.
+
+Each step gives every running request its next tokens (a decode token, or the next prefill chunk
+of at most `chunked_prefill_size`) within `max_num_batched_tokens`, then admits waiting requests
+first-come-first-served while pages, the budget and `max_num_seqs` allow. When a running request
+cannot get pages, the most recently admitted request is preempted by recompute: its pages go back
+(its computed full pages stay in the prefix cache) and it re-enters the front of the queue with
+its generated tokens, so it resumes and finishes with the same output.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvstrata.config import SchedulerConfig
+from kvstrata.engine.kv_manager import KVCacheManager
+from kvstrata.engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledBatch:
+    requests: list[Request] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)  # new tokens computed for each request
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def samples(self, i: int) -> bool:
+        """Whether request i reaches the end of its known tokens this step (so it samples)."""
+        r = self.requests[i]
+        return r.num_computed_tokens + self.num_tokens[i] == r.num_tokens
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.cfg = cfg
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _chunk(self, req: Request, budget: int) -> int:
+        return min(req.num_uncomputed, self.cfg.chunked_prefill_size, budget)
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.release(req)
+        req.status = RequestStatus.WAITING
+        self.waiting.appendleft(req)
+        self.num_preemptions += 1
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.cfg.max_num_batched_tokens
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = self._chunk(req, budget)
+            while not self.kv.can_allocate(req, n):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            else:
+                self.kv.allocate(req, n)
+                batch.requests.append(req)
+                batch.num_tokens.append(n)
+                budget -= n
+                i += 1
+                continue
+            break
+        while self.waiting and budget > 0 and not preempted and len(self.running) < self.cfg.max_num_seqs:
+            req = self.waiting[0]
+            hit = self.kv.admit(req)  # waiting requests hold no pages
+            n = self._chunk(req, budget)
+            if not self.kv.can_allocate(req, n):
+                self.kv.release(req)  # give the lock back; try again next step
+                break
+            self.waiting.popleft()
+            if not req.admitted_once:
+                req.admitted_once = True
+                req.stats.cached_tokens = hit
+                req.stats.tier_tokens["device"] = hit
+            if req.stats.scheduled is None:
+                req.stats.scheduled = time.monotonic()
+            req.status = RequestStatus.RUNNING
+            self.kv.allocate(req, n)
+            self.running.append(req)
+            batch.requests.append(req)
+            batch.num_tokens.append(n)
+            budget -= n
+        return batch
+
+    def advance(self, batch: ScheduledBatch) -> None:
+        """Mark the batch's tokens computed (before sampled tokens are appended)."""
+        for req, n in zip(batch.requests, batch.num_tokens):
+            req.num_computed_tokens += n
+            self.kv.commit(req)
+
+    def finish(self, req: Request, reason: str) -> None:
+        """Remove a request wherever it is and give back its pages."""
+        if req.finished:
+            return
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.release(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        req.stats.finished = time.monotonic()
+
+    def check_integrity(self) -> None:
+        self.kv.check_integrity(self.running)

@@ -1,0 +1,322 @@
+"""RadixPrefixCache: the L1 prefix cache, a tree of full KV pages keyed by their token ids.
+
+    _top ──extra_key──▶ subtree root (no page, hash = namespace root) ──page tokens──▶ node ──▶ ...
+
+One node per full page. A child's key is its page's token ids as bytes (`hashing.token_bytes`), so
+a hit compares the tokens themselves and a hash collision can never return wrong KV. Each extra_key
+(tenant `cache_salt`; None and "" are the same) has its own subtree, so tenants never share pages.
+Each node keeps its chained page hash (`hashing.py`) for the hooks, L2/L3 and KV events.
+
+Invariants (`check_integrity()`):
+- every node below a subtree root holds one page, in use in the pool and owned by this cache alone.
+- node.lock_ref == node.pins + sum(child.lock_ref), so an unlocked node has no locked descendant
+  and every unlocked page can be evicted (leaves first).
+- num_evictable_pages == number of page nodes with lock_ref == 0.
+- every unlocked leaf has a heap entry (last_access, seq, node); stale entries are skipped on pop.
+- a node removed from the tree has parent None (only `_top` is attached with parent None).
+"""
+from __future__ import annotations
+
+import heapq
+import hashlib
+import itertools
+import logging
+from typing import Callable, NamedTuple, Sequence
+
+from kvstrata.kv.hashing import TOKEN_BYTES, chain_hash, salt_bytes, token_bytes, tokens_from_bytes
+from kvstrata.kv.pool import PagePool
+
+logger = logging.getLogger(__name__)
+
+# on_insert(hashes, pages, token_lists, parent_hash): newly cached pages, in chain order; parent_hash
+# is the hash of the page they hang from, None when they start at the subtree root.
+InsertHook = Callable[[list[bytes], list[int], list[list[int]], bytes | None], None]
+# on_evict(hashes, pages): pages leaving the cache; called while the cache still owns them.
+EvictHook = Callable[[list[bytes], list[int]], None]
+
+
+class CacheIntegrityError(AssertionError):
+    pass
+
+
+class Node:
+    __slots__ = ("key", "page", "hash", "parent", "children", "lock_ref", "pins", "last_access")
+
+    def __init__(self, key: bytes | str | None, page: int | None, hash: bytes, parent: Node | None, now: int) -> None:
+        self.key = key  # page token bytes; the extra_key for a subtree root; None for _top
+        self.page = page  # None for _top and subtree roots
+        self.hash = hash
+        self.parent = parent
+        self.children: dict[bytes | str, Node] = {}
+        self.lock_ref = 0  # pins on this node + lock_ref of its children
+        self.pins = 0  # lock() calls on this very node
+        self.last_access = now
+
+
+class Match(NamedTuple):
+    pages: list[int]  # cached pages holding tokens[:num_tokens]
+    num_tokens: int  # len(pages) * page_size
+    node: Node  # deepest matched node; pass it to lock()/unlock()
+    hashes: list[bytes]  # chain hashes of `pages`; continue with hash_pages(..., parent=hashes[-1])
+
+
+class Evicted(NamedTuple):
+    pages: list[int]  # already freed to the pool
+    hashes: list[bytes]
+
+
+class RadixPrefixCache:
+    def __init__(self, pool: PagePool, page_size: int, root: bytes) -> None:
+        if page_size != pool.page_size:
+            raise ValueError(f"prefix cache page_size {page_size} must equal the pool's {pool.page_size}")
+        self.pool = pool
+        self.page_size = page_size
+        self.root = root
+        self.on_insert: list[InsertHook] = []
+        self.on_evict: list[EvictHook] = []
+        self._top = Node(None, None, root, None, 0)
+        self._page_node: dict[int, Node] = {}
+        self._num_evictable = 0
+        self._clock = 0  # LRU time: bumped by lock() and insert(), never by match()
+        self._lru: list[tuple[int, int, Node]] = []  # lazy min-heap over unlocked leaves
+        self._seq = itertools.count()  # heap tie-break, so entries never compare nodes
+
+    @property
+    def num_cached_pages(self) -> int:
+        return len(self._page_node)
+
+    @property
+    def num_evictable_pages(self) -> int:
+        return self._num_evictable
+
+    def cached_pages(self) -> set[int]:
+        return set(self._page_node)
+
+    def match(self, tokens: Sequence[int], extra_key: str | None = None) -> Match:
+        """Longest cached prefix of whole pages, at most (len(tokens) - 1) // page_size of them, so
+        the last token is always recomputed. Read-only: changes nothing, not even LRU order. The
+        result is valid until the next call that changes state; lock(match.node) to keep it."""
+        sub = self._top.children.get(extra_key or "")
+        n = (len(tokens) - 1) // self.page_size
+        if sub is None or n <= 0:
+            return Match([], 0, sub or self._top, [])
+        step = self.page_size * TOKEN_BYTES
+        data = token_bytes(tokens[: n * self.page_size])
+        node, pages, hashes = sub, [], []
+        for off in range(0, n * step, step):
+            child = node.children.get(data[off : off + step])
+            if child is None:
+                break
+            node = child
+            pages.append(child.page)
+            hashes.append(child.hash)
+        return Match(pages, len(pages) * self.page_size, node, hashes)
+
+    def lock(self, node: Node) -> None:
+        """Changes state: pins `node` and its ancestors against eviction until unlock(node), and
+        marks the path most recently used. Locks nest (count)."""
+        if node.parent is None and node is not self._top:
+            raise ValueError("node is no longer in the cache (a stale Match?); match again")
+        self._clock += 1
+        node.pins += 1
+        n: Node | None = node
+        while n is not None:
+            if n.lock_ref == 0 and n.page is not None:
+                self._num_evictable -= 1
+            n.lock_ref += 1
+            n.last_access = self._clock
+            n = n.parent
+
+    def unlock(self, node: Node) -> None:
+        """Changes state: undoes one lock(node)."""
+        if node.pins <= 0:
+            raise ValueError("unlock() without a matching lock() on this node")
+        node.pins -= 1
+        n: Node | None = node
+        while n is not None:
+            n.lock_ref -= 1
+            if n.lock_ref == 0 and n.page is not None:
+                self._num_evictable += 1
+                if not n.children:
+                    self._push(n)
+            n = n.parent
+
+    def insert(self, tokens: Sequence[int], pages: list[int], extra_key: str | None = None) -> list[int]:
+        """Changes state: caches the full pages of `tokens`; returns the caller's duplicate pages.
+
+        Considers the first k = len(tokens) // page_size entries of `pages` (pages[i] holds
+        tokens[i*ps:(i+1)*ps]); a partial last page and pages[k:] are ignored and stay the caller's.
+        Ownership after the call, for each i < k:
+        - the tree already had a page for that prefix with the SAME id: nothing changes hands
+          (re-inserting a growing prefix during chunked prefill is safe);
+        - the tree had a DIFFERENT page: pages[i] is returned; the caller must free it (and, to
+          keep running, re-match and lock to use the tree's page instead);
+        - the tree had none: pages[i] now belongs to the cache; the caller must never free it.
+        New pages are unlocked (evictable) unless a locked node covers them: a running request
+        locks `match(tokens[:k*ps + 1]).node` and then unlocks its old node.
+        """
+        ps = self.page_size
+        k = len(tokens) // ps
+        if len(pages) < k:
+            raise ValueError(f"insert() got {len(pages)} pages for {k} full pages of tokens")
+        if k == 0:
+            return []
+        if len(set(pages[:k])) != k:
+            raise ValueError("insert() got the same page id twice")
+        step = ps * TOKEN_BYTES
+        data = token_bytes(tokens[: k * ps])
+        sub = self._top.children.get(extra_key or "")
+        node = sub if sub is not None else self._top
+        walked: list[Node] = []
+        while sub is not None and len(walked) < k:
+            i = len(walked)
+            child = node.children.get(data[i * step : (i + 1) * step])
+            if child is None:
+                break
+            walked.append(child)
+            node = child
+        i = len(walked)
+        dups = [p for p, n in zip(pages, walked) if p != n.page]
+        owned = [p for p in dups + pages[i:k] if p in self._page_node]
+        if owned:
+            raise ValueError(f"pages {owned[:8]} are already cached at another prefix")
+        # Validated: from here on nothing raises.
+        self._clock += 1
+        for n in walked:
+            n.last_access = self._clock
+        if i == k:
+            if node.page is not None and node.lock_ref == 0 and not node.children:
+                self._push(node)  # refreshed leaf: re-enter the LRU heap at its new time
+            return dups
+        new_pages = pages[i:k]
+        if sub is None:
+            node = sub = Node(extra_key or "", None, self.root, self._top, self._clock)
+            self._top.children[sub.key] = sub  # type: ignore[index]
+        parent_hash = node.hash if node.page is not None else None
+        salt, sha, page_node, now = salt_bytes(extra_key), hashlib.sha256, self._page_node, self._clock
+        created: list[Node] = []
+        for j in range(i, k):  # hot loop: chain_hash and attach inlined
+            key = data[j * step : (j + 1) * step]
+            child = Node(key, pages[j], sha(node.hash + key + salt).digest(), node, now)
+            node.children[key] = child
+            page_node[pages[j]] = child
+            created.append(child)
+            node = child
+        self._num_evictable += k - i
+        self._push(node)
+        if self.on_insert:
+            hashes = [n.hash for n in created]
+            token_lists = [tokens_from_bytes(n.key) for n in created]  # type: ignore[arg-type]
+            for hook in self.on_insert:
+                hook(hashes, new_pages, token_lists, parent_hash)
+        return dups
+
+    def evict(self, num_pages: int) -> Evicted:
+        """Changes state: removes up to `num_pages` unlocked pages, least recently used leaf first
+        (a parent becomes a candidate once its last child goes). Calls on_evict while the cache
+        still owns the pages, then frees them to the pool and returns them; fewer than asked when
+        fewer are evictable. The engine is single-threaded, so nothing can reuse a freed page
+        before the caller (and any tier copying victims in a hook) has seen it."""
+        victims: list[Node] = []
+        lru = self._lru
+        while len(victims) < num_pages and lru:
+            stamp, _, node = heapq.heappop(lru)
+            if node.parent is None or node.children or node.lock_ref or node.last_access != stamp:
+                continue  # stale entry: removed, grew a child, locked, or touched since pushed
+            while True:  # walk up the branch while its next node is the LRU leaf: no heap round trip
+                parent: Node = node.parent  # type: ignore[assignment]
+                self._detach(node)
+                victims.append(node)
+                if parent.children or parent.lock_ref:
+                    break
+                if parent.page is None:
+                    self._detach(parent)  # an empty subtree root
+                    break
+                if len(victims) == num_pages or (lru and lru[0][0] < parent.last_access):
+                    self._push(parent)
+                    break
+                node = parent
+        self._num_evictable -= len(victims)
+        logger.debug("prefix_cache_evict requested=%d freed=%d", num_pages, len(victims))
+        return self._release(victims)
+
+    def reset(self) -> list[int]:
+        """Changes state (flush): removes every unlocked node; locked paths stay. Calls on_evict,
+        frees the pages to the pool and returns them."""
+        victims = [n for n in self._page_node.values() if not n.lock_ref]  # whole unlocked subtrees
+        for node in victims:
+            parent: Node = node.parent  # type: ignore[assignment]
+            if parent.page is None or parent.lock_ref:  # the top of an unlocked subtree
+                del parent.children[node.key]  # type: ignore[index]
+        for node in victims:
+            node.parent = None
+            del self._page_node[node.page]  # type: ignore[index]
+        for sub in list(self._top.children.values()):
+            if not sub.lock_ref:  # then nothing below it was locked either
+                self._detach(sub)
+        self._num_evictable -= len(victims)
+        self._lru = []  # no unlocked node is left
+        logger.info("prefix_cache_reset freed=%d kept=%d", len(victims), len(self._page_node))
+        return self._release(victims).pages
+
+    def check_integrity(self) -> None:
+        """Check the invariants in the module docstring; raise CacheIntegrityError."""
+
+        def fail(msg: str) -> None:
+            raise CacheIntegrityError(msg)
+
+        heap_entries = {(id(n), stamp) for stamp, _, n in self._lru}
+        in_use = self.pool._in_use  # noqa: SLF001  TODO: ask PagePool for a public query
+        seen: dict[int, Node] = {}
+        evictable = 0
+        for sub in self._top.children.values():
+            salt = salt_bytes(sub.key)  # type: ignore[arg-type]
+            stack = [sub]
+            while stack:
+                node = stack.pop()
+                if node.lock_ref != node.pins + sum(c.lock_ref for c in node.children.values()):
+                    fail(f"lock_ref {node.lock_ref} != pins {node.pins} + children's at page {node.page}")
+                for key, child in node.children.items():
+                    if child.parent is not node or child.key != key or child.page is None:
+                        fail(f"child link broken at page {child.page}")
+                    if len(key) != self.page_size * TOKEN_BYTES:
+                        fail(f"page {child.page} key holds {len(key)} bytes")
+                    if child.hash != chain_hash(node.hash, key, salt):  # type: ignore[arg-type]
+                        fail(f"page {child.page} hash does not chain from its parent")
+                    if child.page in seen:
+                        fail(f"page {child.page} cached twice")
+                    seen[child.page] = child
+                    if child.page not in in_use:
+                        fail(f"cached page {child.page} is not in use in the pool")
+                    if child.lock_ref == 0:
+                        evictable += 1
+                        if not child.children and (id(child), child.last_access) not in heap_entries:
+                            fail(f"evictable leaf page {child.page} missing from the LRU heap")
+                    stack.append(child)
+        if seen.keys() != self._page_node.keys() or any(seen[p] is not n for p, n in self._page_node.items()):
+            fail("page index disagrees with the tree")
+        if evictable != self._num_evictable:
+            fail(f"evictable count {self._num_evictable} != {evictable} unlocked pages")
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _detach(self, node: Node) -> None:
+        del node.parent.children[node.key]  # type: ignore[union-attr,arg-type]
+        node.parent = None
+        if node.page is not None:
+            del self._page_node[node.page]
+
+    def _push(self, node: Node) -> None:
+        heapq.heappush(self._lru, (node.last_access, next(self._seq), node))
+        if len(self._lru) > 2 * len(self._page_node) + 64:  # drop stale entries, amortized O(1)
+            nodes = self._page_node.values()
+            self._lru = [(n.last_access, next(self._seq), n) for n in nodes if not n.lock_ref and not n.children]
+            heapq.heapify(self._lru)
+
+    def _release(self, victims: list[Node]) -> Evicted:
+        evicted = Evicted([n.page for n in victims], [n.hash for n in victims])  # type: ignore[misc]
+        if victims:
+            for hook in self.on_evict:
+                hook(evicted.hashes, evicted.pages)
+            self.pool.free(evicted.pages)
+        return evicted

@@ -1,0 +1,127 @@
+"""Llama-family forward (Llama, SmolLM2, Qwen2 biases, Qwen3 q/k norms) over the paged KV pool.
+
+Weights come in Hugging Face names (see model/weights.py) and are fused at load time:
+q/k/v into one [ (H + 2 Hkv) * D, hidden ] matrix and gate/up into one [2 I, hidden] matrix, so a
+layer runs 4 GEMMs instead of 7. Numerics follow transformers' LlamaModel: RMSNorm in float32 then
+cast back, RoPE tables computed in float32 (rotate_half layout), logits in float32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kvstrata.model.arch import ModelArch
+from kvstrata.model.attention import AttentionBackend, AttentionMetadata
+from kvstrata.model.rope import rope_tables
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor  # [hidden]
+    qkv: torch.Tensor  # [(H + 2 Hkv) * D, hidden]
+    qkv_bias: torch.Tensor | None  # [(H + 2 Hkv) * D]
+    q_norm: torch.Tensor | None  # [D] (qwen3)
+    k_norm: torch.Tensor | None
+    o: torch.Tensor  # [hidden, H * D]
+    post_norm: torch.Tensor  # [hidden]
+    gate_up: torch.Tensor  # [2 I, hidden]
+    down: torch.Tensor  # [hidden, I]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    xf = x.to(torch.float32)
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaModel:
+    def __init__(
+        self,
+        arch: ModelArch,
+        tensors: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        device: torch.device,
+        attention: AttentionBackend,
+    ) -> None:
+        self.arch = arch
+        self.dtype = dtype
+        self.device = device
+        self.attention = attention
+
+        def w(name: str) -> torch.Tensor:
+            return tensors[name].to(device=device, dtype=dtype).contiguous()
+
+        def opt(name: str) -> torch.Tensor | None:
+            return w(name) if name in tensors else None
+
+        self.embed = w("model.embed_tokens.weight")  # [V, hidden]
+        self.lm_head = self.embed if "lm_head.weight" not in tensors else w("lm_head.weight")
+        self.norm = w("model.norm.weight")
+        self.layers: list[LayerWeights] = []
+        for i in range(arch.num_layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            bias = None
+            if a + "q_proj.bias" in tensors:
+                bias = torch.cat([w(a + "q_proj.bias"), w(a + "k_proj.bias"), w(a + "v_proj.bias")])
+            self.layers.append(
+                LayerWeights(
+                    input_norm=w(p + "input_layernorm.weight"),
+                    qkv=torch.cat([w(a + "q_proj.weight"), w(a + "k_proj.weight"), w(a + "v_proj.weight")]),
+                    qkv_bias=bias,
+                    q_norm=opt(a + "q_norm.weight"),
+                    k_norm=opt(a + "k_norm.weight"),
+                    o=w(a + "o_proj.weight"),
+                    post_norm=w(p + "post_attention_layernorm.weight"),
+                    gate_up=torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]),
+                    down=w(p + "mlp.down_proj.weight"),
+                )
+            )
+        cos, sin = rope_tables(arch, device)
+        self.cos = cos.to(dtype)  # [max_position, D]
+        self.sin = sin.to(dtype)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] long
+        positions: torch.Tensor,  # [T] long
+        meta: AttentionMetadata,
+        k_cache: list[torch.Tensor],  # per layer [num_slots, Hkv, D]
+        v_cache: list[torch.Tensor],
+        logit_rows: torch.Tensor,  # [S] long: rows whose next-token logits are wanted
+    ) -> torch.Tensor:  # [S, V] float32
+        arch = self.arch
+        H, Hkv, D = arch.num_heads, arch.num_kv_heads, arch.head_dim
+        T = input_ids.shape[0]
+        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D]
+        sin = self.sin[positions].unsqueeze(1)
+        x = F.embedding(input_ids, self.embed)  # [T, hidden]
+        for li, lw in enumerate(self.layers):
+            h = rms_norm(x, lw.input_norm, arch.rms_norm_eps)
+            qkv = F.linear(h, lw.qkv, lw.qkv_bias)  # [T, (H + 2 Hkv) * D]
+            q = qkv[:, : H * D].view(T, H, D)
+            k = qkv[:, H * D : (H + Hkv) * D].view(T, Hkv, D)
+            v = qkv[:, (H + Hkv) * D :].view(T, Hkv, D)
+            if lw.q_norm is not None and lw.k_norm is not None:
+                q = rms_norm(q, lw.q_norm, arch.rms_norm_eps)
+                k = rms_norm(k, lw.k_norm, arch.rms_norm_eps)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            k_cache[li].index_copy_(0, meta.slot_mapping, k)
+            v_cache[li].index_copy_(0, meta.slot_mapping, v)
+            o = self.attention.forward(q, k_cache[li], v_cache[li], meta)  # [T, H, D]
+            x = x + F.linear(o.reshape(T, H * D), lw.o)
+            h = rms_norm(x, lw.post_norm, arch.rms_norm_eps)
+            gate, up = F.linear(h, lw.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, lw.down)
+        last = rms_norm(x[logit_rows], self.norm, arch.rms_norm_eps)
+        return F.linear(last, self.lm_head).float()

@@ -1,0 +1,136 @@
+"""The OpenAI-compatible FastAPI app: /v1/chat/completions, /v1/completions, /v1/models, /health.
+
+A route validates (protocol.py), fans the choices into the engine and merges them (streaming.py),
+then answers with one JSON body or an SSE stream. A client that disconnects aborts its engine
+requests: non-streaming routes poll `request.is_disconnected()`; a stream's generator is closed.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from kvstrata.engine.outputs import RequestOutput
+from kvstrata.serving.errors import install_error_handlers
+from kvstrata.serving.protocol import ChatCompletionRequest, CompletionRequest, PreparedRequest, prepare_chat, prepare_completion
+from kvstrata.serving.state import ServerState
+from kvstrata.serving.streaming import ResponseShape, UsageTracker, fan_out, merge_choices, raise_if_failed, sse_events
+
+if TYPE_CHECKING:
+    from kvstrata.engine.async_engine import AsyncEngine
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+DISCONNECT_POLL_S = 0.2
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client closed the connection before the response was ready."""
+
+
+async def _until_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
+    """Await `awaitable`, cancelling it (which aborts its engine requests) if the client leaves."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise ClientDisconnected()
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+
+
+async def _first(outputs: AsyncIterator[tuple[int, RequestOutput]]) -> tuple[int, RequestOutput]:
+    return await outputs.__anext__()
+
+
+async def _collect(
+    outputs: AsyncIterator[tuple[int, RequestOutput]], usage: UsageTracker, num_choices: int
+) -> list[tuple[str, str | None]]:
+    """All choices' full text and finish reason, in choice order."""
+    texts: list[list[str]] = [[] for _ in range(num_choices)]
+    reasons: list[str | None] = [None] * num_choices
+    async for index, out in outputs:
+        usage.observe(index, out)
+        raise_if_failed(out)
+        texts[index].append(out.new_text)
+        if out.finished:
+            reasons[index] = out.finish_reason
+    return [("".join(t), r) for t, r in zip(texts, reasons)]
+
+
+async def _serve(
+    state: ServerState, request: Request, engine: AsyncEngine, prepared: PreparedRequest,
+    chat: bool, stream: bool, include_usage: bool,
+) -> Response:
+    request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    shape = ResponseShape(chat, request_id, engine.served_model_name)
+    jobs = fan_out(request_id, prepared)
+    usage = UsageTracker([len(p) for p in prepared.prompts], prepared.params.n)
+    logger.debug(
+        "request_start request_id=%s prompts=%d prompt_tokens=%s n=%d max_tokens=%d stream=%s",
+        request_id, len(prepared.prompts), usage.prompt_lens, prepared.params.n, prepared.params.max_tokens, stream,
+    )
+    outputs = merge_choices(engine, jobs, state.server_cfg.enable_log_request_stats)
+    try:
+        if stream:
+            first = await _until_disconnect(request, _first(outputs))  # errors before a token get a status
+            raise_if_failed(first[1])
+            body = sse_events(shape, first, outputs, usage, len(jobs), include_usage)
+            return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        results = await _until_disconnect(request, _collect(outputs, usage, len(jobs)))
+    except ClientDisconnected:
+        logger.info("client_disconnected request_id=%s", request_id)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    except BaseException:
+        await outputs.aclose()  # type: ignore[attr-defined]
+        raise
+    choices = [shape.choice(i, text, reason) for i, (text, reason) in enumerate(results)]
+    return JSONResponse({**shape.header(streaming=False), "choices": choices, "usage": usage.body()})
+
+
+def build_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="kvstrata", description="OpenAI-compatible LLM server with a tiered prefix KV cache")
+    app.state.kvstrata = state
+    install_error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        status = state.status
+        body: dict[str, Any] = {"status": status}
+        if status == "dead":
+            body["error"] = state.load_error or "the engine thread died; see the server log"
+        return JSONResponse(body, status_code=200 if status == "ready" else 503)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        engine = state.ready_engine()
+        card = {
+            "id": engine.served_model_name, "object": "model", "created": int(time.time()),
+            "owned_by": "kvstrata", "max_model_len": engine.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
+        engine = state.ready_engine()
+        prepared = prepare_chat(req, engine)
+        return await _serve(state, request, engine, prepared, True, req.stream, req.include_usage)
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request) -> Response:
+        engine = state.ready_engine()
+        prepared = prepare_completion(req, engine)
+        return await _serve(state, request, engine, prepared, False, req.stream, req.include_usage)
+
+    return app

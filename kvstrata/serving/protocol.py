@@ -1,0 +1,261 @@
+"""OpenAI request models and their validation into engine inputs (token ids + SamplingParams).
+
+Pydantic checks types (strict: "5" is not an int, 1.0 is not an int, "true" is not a bool) and
+shapes; `prepare_chat` / `prepare_completion` check values against the loaded model and return a
+`PreparedRequest`. Unknown fields are ignored (clients send extras). Fields we accept but cannot
+honour (logprobs, penalties, json response_format, ...) are refused with a 400 rather than ignored.
+
+max_tokens: when absent, chat gets the rest of the context and completions get 16 (OpenAI's
+defaults). When prompt + max_tokens exceeds the context, max_tokens is clamped to what fits (as
+vLLM does); a prompt that itself leaves no room for one token is a 400 naming both numbers.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from kvstrata.engine.sampling_params import InvalidRequestError, SamplingParams
+from kvstrata.serving.errors import APIError
+
+if TYPE_CHECKING:
+    from kvstrata.engine.async_engine import AsyncEngine
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+_STRICT = ConfigDict(strict=True, extra="ignore")
+
+
+class ChatMessage(BaseModel):
+    model_config = _STRICT
+    role: Role
+    content: str | list[dict[str, Any]] | None = None  # a list of text parts is joined with "\n"
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("content", mode="plain")
+    @classmethod
+    def _text_only(cls, v: Any) -> str | None:
+        if v is None or isinstance(v, str):
+            return v
+        if not isinstance(v, list):
+            raise ValueError("content must be a string or a list of {'type': 'text', 'text': ...} parts")
+        texts = []
+        for part in v:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ValueError(f"only text content parts are supported, got {kind!r}; send text as a string")
+            texts.append(part["text"])
+        return "\n".join(texts)
+
+    @model_validator(mode="after")
+    def _content_present(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a message with role '{self.role}' needs 'content'")
+        return self
+
+    def for_template(self) -> dict[str, Any]:
+        """The dict the chat template sees; 'developer' is rendered as 'system'."""
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
+                               "content": self.content or ""}
+        for key in ("name", "tool_calls", "tool_call_id"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+
+class StreamOptions(BaseModel):
+    model_config = _STRICT
+    include_usage: bool = False
+
+
+class _SamplingRequest(BaseModel):
+    """Fields shared by /v1/chat/completions and /v1/completions."""
+
+    model_config = _STRICT
+    model: str | None = None  # None = the served model
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None  # ignored unless stream is true
+    ignore_eos: bool = False
+    user: str | None = None
+    cache_salt: str | None = Field(default=None, min_length=1)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("stop", mode="plain")
+    @classmethod
+    def _stop_strings(cls, v: Any) -> str | list[str] | None:
+        if v is None or isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v)):
+            return v
+        raise ValueError("stop must be a string or a list of strings")
+
+    def refuse_unsupported(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                raise InvalidRequestError(f"{name} is not supported; omit it or send 0", name, "unsupported")
+        if self.logit_bias:
+            raise InvalidRequestError("logit_bias is not supported; omit it", "logit_bias", "unsupported")
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=0 if self.top_k is None else self.top_k,
+            seed=self.seed,
+            stop=tuple([self.stop] if isinstance(self.stop, str) else (self.stop or [])),
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            ignore_eos=self.ignore_eos,
+            n=self.n,
+            extra_key=self.cache_salt,
+        )
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None  # wins over max_tokens when both are given
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.logprobs or self.top_logprobs:
+            raise InvalidRequestError("logprobs are not supported; omit logprobs/top_logprobs", "logprobs", "unsupported")
+        if self.response_format is not None and self.response_format.get("type") != "text":
+            raise InvalidRequestError(
+                f"response_format {self.response_format.get('type')!r} is not supported; only {{'type': 'text'}}",
+                "response_format", "unsupported",
+            )
+        if self.tool_choice not in (None, "auto", "none"):
+            raise InvalidRequestError(
+                "tool_choice may be 'auto' or 'none'; forcing a tool call is not supported", "tool_choice", "unsupported"
+            )
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator("prompt", mode="plain")
+    @classmethod
+    def _prompt_shape(cls, v: Any) -> str | list[str] | list[int] | list[list[int]]:
+        def ids(x: Any) -> bool:
+            return isinstance(x, list) and bool(x) and all(type(t) is int for t in x)
+
+        if isinstance(v, str) or ids(v):
+            return v
+        if isinstance(v, list) and v and (all(isinstance(p, str) for p in v) or all(ids(p) for p in v)):
+            return v
+        raise ValueError(
+            "prompt must be a string, a list of strings, a non-empty list of token ids, or a list of such lists"
+        )
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        for name, default in (("logprobs", None), ("echo", False), ("suffix", None)):
+            if getattr(self, name) != default:
+                raise InvalidRequestError(f"{name} is not supported; omit it", name, "unsupported")
+        if self.best_of not in (None, self.n):
+            raise InvalidRequestError("best_of is not supported; omit it or set it equal to n", "best_of", "unsupported")
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """Engine inputs for one HTTP request: each prompt gets `params.n` choices."""
+
+    prompts: list[list[int]]
+    params: SamplingParams
+
+
+def _check_model(req: _SamplingRequest, engine: AsyncEngine) -> None:
+    if req.model is not None and req.model != engine.served_model_name:
+        raise APIError(
+            404, f"The model `{req.model}` does not exist; this server serves `{engine.served_model_name}`",
+            param="model", code="model_not_found",
+        )
+
+
+def _finish(req: _SamplingRequest, engine: AsyncEngine, prompts: list[list[int]], max_tokens: int | None,
+            max_tokens_name: str, default_max: int | None) -> PreparedRequest:
+    """Check prompt lengths/ids and parameters, clamp max_tokens to the room left in the context."""
+    if max_tokens is not None and max_tokens <= 0:
+        raise InvalidRequestError(f"{max_tokens_name} must be a positive integer, got {max_tokens}", max_tokens_name)
+    limit, vocab = engine.max_model_len, engine.vocab_size
+    for ids in prompts:
+        if not ids:
+            raise InvalidRequestError("the prompt is empty; send at least one token", "prompt")
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"prompt token ids {bad[:8]} are outside the vocabulary [0, {vocab})", "prompt")
+        if len(ids) >= limit:
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens but the model's maximum context is {limit} tokens "
+                f"(including at least 1 generated token); shorten the prompt",
+                "messages" if isinstance(req, ChatCompletionRequest) else "prompt", "context_length_exceeded",
+            )
+    room = limit - max(len(ids) for ids in prompts)
+    wanted = max_tokens if max_tokens is not None else (default_max or room)
+    params = req.sampling_params(min(wanted, room))
+    sched = engine.sched_cfg
+    params.validate(vocab, max_n=sched.max_n, max_stop=sched.max_stop_strings)
+    if len(prompts) * params.n > sched.max_num_seqs:
+        raise InvalidRequestError(
+            f"{len(prompts)} prompts x n={params.n} is more than the {sched.max_num_seqs} sequences allowed at once; "
+            "split the batch", "prompt",
+        )
+    for ids in prompts:
+        params = engine.check_prompt(ids, params)
+    return PreparedRequest(prompts, params)
+
+
+def prepare_chat(req: ChatCompletionRequest, engine: AsyncEngine) -> PreparedRequest:
+    _check_model(req, engine)
+    req.refuse_unsupported()
+    tools = None if req.tool_choice == "none" else req.tools
+    try:
+        text = engine.tokenizer.apply_chat_template(
+            [m.for_template() for m in req.messages], add_generation_prompt=True, tools=tools
+        )
+    except Exception as exc:  # a template's raise_exception(...) or a message it cannot render
+        raise InvalidRequestError(f"the chat template could not render these messages: {exc}", "messages") from exc
+    prompt = engine.tokenizer.encode(text)
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    return _finish(req, engine, [prompt], max_tokens, name, None)
+
+
+def prepare_completion(req: CompletionRequest, engine: AsyncEngine) -> PreparedRequest:
+    _check_model(req, engine)
+    req.refuse_unsupported()
+    raw = req.prompt
+    items: list[Any] = [raw] if isinstance(raw, str) or (raw and type(raw[0]) is int) else list(raw)
+    prompts = [engine.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in items]
+    return _finish(req, engine, prompts, req.max_tokens, "max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
+
+
+def per_choice_params(params: SamplingParams, choice: int) -> SamplingParams:
+    """The engine takes n=1; choice i of a seeded request samples with seed + i."""
+    seed = None if params.seed is None else params.seed + choice
+    return dataclasses.replace(params, n=1, seed=seed)

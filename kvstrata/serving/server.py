@@ -1,0 +1,106 @@
+"""Start the HTTP server at once and load the engine behind it.
+
+`run_server` binds the port before the weights load, so `GET /health` answers 503 {"status":
+"loading"} while a background thread builds the engine, 200 once it is ready, and 503 {"status":
+"dead"} if loading failed or the engine thread died later. `ServerThread` runs the same app in a
+thread of the current process (tests, notebooks).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Callable
+
+import uvicorn
+
+from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig, ServerConfig
+from kvstrata.serving.openai_api import build_app
+from kvstrata.serving.state import ServerState
+
+if TYPE_CHECKING:
+    from kvstrata.engine.async_engine import AsyncEngine
+
+logger = logging.getLogger(__name__)
+
+
+def load_engine_in_background(state: ServerState, loader: Callable[[], AsyncEngine]) -> threading.Thread:
+    """Run `loader` in a daemon thread; publish its engine, or its error, on `state`."""
+
+    def load() -> None:
+        started = time.monotonic()
+        try:
+            engine = loader()
+        except BaseException as exc:  # noqa: BLE001 - reported through /health and every route
+            logger.exception("engine_load_failed error=%r", exc)
+            state.load_error = f"{type(exc).__name__}: {exc}"
+            return
+        state.engine = engine
+        logger.info(
+            "engine_ready model=%s max_model_len=%d load_s=%.1f",
+            engine.served_model_name, engine.max_model_len, time.monotonic() - started,
+        )
+
+    thread = threading.Thread(target=load, name="kvstrata-engine-loader", daemon=True)
+    thread.start()
+    return thread
+
+
+def _uvicorn_config(state: ServerState) -> uvicorn.Config:
+    cfg = state.server_cfg
+    return uvicorn.Config(
+        build_app(state), host=cfg.host, port=cfg.port, log_level=cfg.log_level,
+        timeout_graceful_shutdown=5, lifespan="off",
+    )
+
+
+def run_server(
+    model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: SchedulerConfig, server_cfg: ServerConfig
+) -> None:
+    """Serve until interrupted (blocking); the engine loads in the background."""
+    from kvstrata.engine.async_engine import AsyncEngine  # heavy: torch and the weights
+
+    logging.basicConfig(
+        level=server_cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    state = ServerState(model_cfg, cache_cfg, sched_cfg, server_cfg)
+    load_engine_in_background(state, lambda: AsyncEngine.from_config(model_cfg, cache_cfg, sched_cfg))
+    logger.info("server_start host=%s port=%d model=%s", server_cfg.host, server_cfg.port, model_cfg.model)
+    try:
+        uvicorn.Server(_uvicorn_config(state)).run()
+    except KeyboardInterrupt:  # uvicorn re-raises the signal after its graceful shutdown
+        pass
+    finally:
+        if state.engine is not None:
+            state.engine.shutdown()
+        logger.info("server_stop")
+
+
+class ServerThread:
+    """The app on a uvicorn server in a background thread: `start()` returns once it listens."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self._server = uvicorn.Server(_uvicorn_config(state))
+        self._thread = threading.Thread(target=self._server.run, name="kvstrata-uvicorn", daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        """The address it listens on (port 0 in the config means a free port picked at start)."""
+        port = self.state.server_cfg.port
+        if self._server.started and self._server.servers:
+            port = self._server.servers[0].sockets[0].getsockname()[1]
+        return f"http://{self.state.server_cfg.host}:{port}"
+
+    def start(self, timeout_s: float = 10.0) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"uvicorn did not start on {self.base_url}; is the port free?")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)

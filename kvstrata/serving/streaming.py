@@ -1,0 +1,192 @@
+"""Token streams: fan a request's choices into the engine, merge their outputs, encode SSE chunks.
+
+One HTTP request with P prompts and n choices becomes P*n engine requests (`ChoiceJob`, choice
+index p*n + i). `merge_choices` runs them concurrently and yields `(index, RequestOutput)`; closing
+it (client gone, error, generator closed) cancels every unfinished engine request. `sse_events`
+turns the merged stream into OpenAI `data: {...}` chunks ending with `data: [DONE]`; an error
+after the stream began is sent as a `data: {"error": {...}}` event, which OpenAI clients raise.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+from kvstrata.engine.outputs import RequestOutput
+from kvstrata.engine.sampling_params import SamplingParams
+from kvstrata.serving.errors import APIError, api_error_from, error_body
+from kvstrata.serving.protocol import PreparedRequest, per_choice_params
+
+if TYPE_CHECKING:
+    from kvstrata.engine.async_engine import AsyncEngine
+
+logger = logging.getLogger(__name__)
+DONE = "data: [DONE]\n\n"
+
+
+def sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, allow_nan=False)}\n\n"
+
+
+@dataclass(frozen=True)
+class ChoiceJob:
+    index: int
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+def fan_out(request_id: str, prepared: PreparedRequest) -> list[ChoiceJob]:
+    n = prepared.params.n
+    return [
+        ChoiceJob(p * n + i, f"{request_id}-{p * n + i}", ids, per_choice_params(prepared.params, i))
+        for p, ids in enumerate(prepared.prompts)
+        for i in range(n)
+    ]
+
+
+def raise_if_failed(out: RequestOutput) -> None:
+    if out.finish_reason == "error":
+        raise APIError(500, f"generation failed: {out.error or 'unknown engine error'}", "server_error", code="generation_error")
+    if out.finish_reason == "abort":
+        raise APIError(503, "the engine aborted this request (shutting down?); retry it", "server_error", code="aborted")
+
+
+async def merge_choices(
+    engine: AsyncEngine, jobs: list[ChoiceJob], log_stats: bool = False
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Yield (choice index, output) from all jobs as they arrive; the first engine error is raised."""
+    queue: asyncio.Queue[tuple[int, RequestOutput | None, BaseException | None]] = asyncio.Queue()
+    unfinished = {job.index: job.request_id for job in jobs}
+
+    async def pump(job: ChoiceJob) -> None:
+        try:
+            async with aclosing(engine.generate(job.request_id, job.prompt_token_ids, job.params)) as outs:
+                async for out in outs:
+                    queue.put_nowait((job.index, out, None))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            queue.put_nowait((job.index, None, exc))
+
+    tasks = [asyncio.create_task(pump(job), name=job.request_id) for job in jobs]
+    try:
+        while unfinished:
+            index, out, exc = await queue.get()
+            if exc is not None:
+                raise exc
+            assert out is not None
+            if out.finished:
+                unfinished.pop(index, None)
+                if log_stats:
+                    fields = " ".join(f"{k}={v}" for k, v in out.stats.as_log_fields(out.finish_reason).items())
+                    logger.info("request_stats request_id=%s %s", out.request_id, fields)
+            yield index, out
+    finally:
+        for task in tasks:
+            task.cancel()
+        for request_id in unfinished.values():
+            logger.info("request_aborted request_id=%s", request_id)
+            engine.abort(request_id)
+
+
+@dataclass
+class UsageTracker:
+    """Token counts of one HTTP request: prompts counted once, completions summed over choices."""
+
+    prompt_lens: list[int]
+    n: int
+    output_tokens: dict[int, int] = field(default_factory=dict)
+    cached_tokens: dict[int, int] = field(default_factory=dict)
+
+    def observe(self, index: int, out: RequestOutput) -> None:
+        self.output_tokens[index] = out.output_tokens
+        self.cached_tokens[index] = out.cached_tokens
+
+    def body(self) -> dict[str, Any]:
+        prompt = sum(self.prompt_lens)
+        completion = sum(self.output_tokens.values())
+        # per prompt, the prefix every one of its choices got from cache
+        cached = sum(
+            min((self.cached_tokens.get(p * self.n + i, 0) for i in range(self.n)), default=0)
+            for p in range(len(self.prompt_lens))
+        )
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+
+
+@dataclass(frozen=True)
+class ResponseShape:
+    """The fixed fields of one response and how a chat or text choice is spelled."""
+
+    chat: bool
+    request_id: str
+    model: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def header(self, streaming: bool) -> dict[str, Any]:
+        kind = ("chat.completion.chunk" if streaming else "chat.completion") if self.chat else "text_completion"
+        return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model}
+
+    def choice(self, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+        if self.chat:
+            message = {"role": "assistant", "content": text}
+            return {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+    def chunk(self, index: int, text: str, finish_reason: str | None, first: bool = False) -> dict[str, Any]:
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        else:
+            choice = self.choice(index, text, finish_reason)
+        return {**self.header(streaming=True), "choices": [choice]}
+
+
+async def sse_events(
+    shape: ResponseShape,
+    first: tuple[int, RequestOutput],
+    outputs: AsyncIterator[tuple[int, RequestOutput]],
+    usage: UsageTracker,
+    num_choices: int,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """The SSE body of a streamed response; closing it aborts the engine requests left."""
+    extra = {"usage": None} if include_usage else {}
+
+    def event(index: int, out: RequestOutput) -> str | None:
+        usage.observe(index, out)
+        raise_if_failed(out)
+        if not (out.new_text or out.finished):
+            return None
+        return sse({**shape.chunk(index, out.new_text, out.finish_reason), **extra})
+
+    try:
+        if shape.chat:
+            for index in range(num_choices):
+                yield sse({**shape.chunk(index, "", None, first=True), **extra})
+        text = event(*first)
+        if text is not None:
+            yield text
+        async for index, out in outputs:
+            text = event(index, out)
+            if text is not None:
+                yield text
+        if include_usage:
+            yield sse({**shape.header(streaming=True), "choices": [], "usage": usage.body()})
+        yield DONE
+    except Exception as exc:  # noqa: BLE001 - reported in-band: the 200 status is already sent
+        err = api_error_from(exc)
+        logger.warning("stream_failed request_id=%s status=%d error=%s", shape.request_id, err.status_code, err.message)
+        yield sse(error_body(err.message, err.type, err.param, err.code or err.status_code))
+        yield DONE
+    finally:
+        await outputs.aclose()  # type: ignore[attr-defined]
