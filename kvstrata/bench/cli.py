@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Callable, NamedTuple
 
+from kvstrata.bench.throughput import add_throughput_args
+
 DEFAULT_TOKENIZER_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -65,6 +67,8 @@ def _add_agentic(parser: argparse.ArgumentParser) -> None:
 BENCH_COMMANDS: tuple[BenchCommand, ...] = (
     BenchCommand("agentic", "interleaved multi-turn agent sessions with tool schemas", _add_agentic,
                  "kvstrata.bench.agentic:main"),
+    BenchCommand("throughput", "offline cold prefill and decode tokens/s, kvstrata beside transformers",
+                 add_throughput_args, "kvstrata.bench.throughput:run_throughput"),
 )
 
 

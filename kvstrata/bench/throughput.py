@@ -12,8 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from kvstrata.engine.sampling_params import SamplingParams
 
 
@@ -61,6 +59,7 @@ def bench_kvstrata(args: argparse.Namespace, long_prompt: list[int], short: list
 
 
 def bench_transformers(args: argparse.Namespace, long_prompt: list[int], short: list[list[int]]) -> dict[str, float]:
+    import torch
     from transformers import AutoModelForCausalLM
 
     from kvstrata.model.fetch import resolve_model
@@ -92,6 +91,8 @@ def bench_transformers(args: argparse.Namespace, long_prompt: list[int], short: 
 
 
 def run_throughput(args: argparse.Namespace) -> int:
+    import torch
+
     torch.set_num_threads(args.threads or torch.get_num_threads())
     long_prompt = _prompts(args.seed, 1, args.prefill_tokens, 49152)[0]
     short = _prompts(args.seed + 1, 8, args.decode_prompt_tokens, 49152)

@@ -31,6 +31,8 @@ class AsyncEngine:
         self.max_model_len = engine.info.max_model_len
         self.vocab_size = engine.info.arch.vocab_size
         self.sched_cfg = engine.sched_cfg
+        # observers, called on the engine thread: every output, and finished outputs
+        self.on_output: list[Callable[[RequestOutput], None]] = []
         self.on_finish: list[Callable[[RequestOutput], None]] = []
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._streams: dict[str, _Stream] = {}
@@ -108,7 +110,9 @@ class AsyncEngine:
             except Exception as exc:
                 self._send(request_id, exc)
         elif kind == "abort":
-            self.engine.abort_request(payload)
+            out = self.engine.abort_request(payload)
+            if out is not None:
+                self._notify(out)
         elif kind == "call":
             fn, fut = payload
             try:
@@ -128,7 +132,8 @@ class AsyncEngine:
             return
 
     def _notify(self, out: RequestOutput) -> None:
-        for fn in self.on_finish:
+        observers = self.on_output + self.on_finish if out.finished else self.on_output
+        for fn in observers:
             try:
                 fn(out)
             except Exception:  # an observer must never take the engine down
@@ -141,8 +146,7 @@ class AsyncEngine:
                 if not self.engine.has_unfinished():
                     continue
                 for out in self.engine.step():
-                    if out.finished:
-                        self._notify(out)
+                    self._notify(out)
                     self._send(out.request_id, out)
         except BaseException as exc:
             self._dead = exc

@@ -62,6 +62,8 @@ class TorchSDPABackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
+        if not meta.prefill and meta.decode_rows is not None and meta.decode_rows.shape[0] == q.shape[0]:
+            return self._decode(q, k_cache, v_cache, meta)  # pure decode step: no scatter needed
         out = torch.empty_like(q)
         for seq in meta.prefill:
             qs = q[seq.q_start : seq.q_start + seq.q_len].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
@@ -75,13 +77,20 @@ class TorchSDPABackend:
                 o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)
             out[seq.q_start : seq.q_start + seq.q_len] = o.squeeze(0).transpose(0, 1)
         if meta.decode_rows is not None:
-            assert meta.decode_slots is not None and meta.decode_mask is not None
-            qd = q[meta.decode_rows].unsqueeze(2)  # [B, H, 1, D]
-            kd = k_cache[meta.decode_slots].transpose(1, 2)  # [B, Hkv, Lmax, D]
-            vd = v_cache[meta.decode_slots].transpose(1, 2)
-            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, enable_gqa=True)
-            out[meta.decode_rows] = o.squeeze(2)  # [B, H, D]
+            out[meta.decode_rows] = self._decode(q[meta.decode_rows], k_cache, v_cache, meta)
         return out
+
+    @staticmethod
+    def _decode(
+        q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """q: [B, H, D] one token per sequence -> [B, H, D]."""
+        assert meta.decode_slots is not None
+        kd = k_cache[meta.decode_slots].transpose(1, 2)  # [B, Hkv, Lmax, D]
+        vd = v_cache[meta.decode_slots].transpose(1, 2)
+        mask = meta.decode_mask if q.shape[0] > 1 else None  # one sequence: no padding to mask
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), kd, vd, attn_mask=mask, enable_gqa=True)
+        return o.squeeze(2)
 
 
 ATTENTION_BACKENDS: dict[str, Callable[[], AttentionBackend]] = {"torch_sdpa": TorchSDPABackend}

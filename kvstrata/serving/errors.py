@@ -52,7 +52,9 @@ class APIError(Exception):
         self.code = code
 
 
-def error_body(message: str, type: str, param: str | None = None, code: str | int | None = None) -> dict[str, Any]:  # noqa: A002
+def error_body(
+    message: str, type: str, param: str | None = None, code: str | int | None = None  # noqa: A002
+) -> dict[str, Any]:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
@@ -153,12 +155,15 @@ async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
     headers = dict(exc.headers) if exc.headers else None
     where = f"{request.method} {request.url.path}"
     if exc.status_code == 404:
-        err = APIError(404, f"Invalid URL ({where}); see GET /v1/models and POST /v1/chat/completions", code="not_found")
+        msg = f"Invalid URL ({where}); see GET /v1/models and POST /v1/chat/completions"
+        err = APIError(404, msg, code="not_found")
     elif exc.status_code == 405:
         allowed = (headers or {}).get("allow", (headers or {}).get("Allow", ""))
-        err = APIError(405, f"Method not allowed ({where}); use {allowed or 'another method'}", code="method_not_allowed")
+        msg = f"Method not allowed ({where}); use {allowed or 'another method'}"
+        err = APIError(405, msg, code="method_not_allowed")
     else:
-        err = APIError(exc.status_code, str(exc.detail), "server_error" if exc.status_code >= 500 else "invalid_request_error")
+        kind = "server_error" if exc.status_code >= 500 else "invalid_request_error"
+        err = APIError(exc.status_code, str(exc.detail), kind)
     return _to_response(err, headers)
 
 

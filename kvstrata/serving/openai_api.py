@@ -16,10 +16,23 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kvstrata.engine.outputs import RequestOutput
-from kvstrata.serving.errors import install_error_handlers
-from kvstrata.serving.protocol import ChatCompletionRequest, CompletionRequest, PreparedRequest, prepare_chat, prepare_completion
+from kvstrata.serving.errors import APIError, install_error_handlers
+from kvstrata.serving.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    PreparedRequest,
+    prepare_chat,
+    prepare_completion,
+)
 from kvstrata.serving.state import ServerState
-from kvstrata.serving.streaming import ResponseShape, UsageTracker, fan_out, merge_choices, raise_if_failed, sse_events
+from kvstrata.serving.streaming import (
+    ResponseShape,
+    UsageTracker,
+    fan_out,
+    merge_choices,
+    raise_if_failed,
+    sse_events,
+)
 
 if TYPE_CHECKING:
     from kvstrata.engine.async_engine import AsyncEngine
@@ -112,14 +125,23 @@ def build_app(state: ServerState) -> FastAPI:
             body["error"] = state.load_error or "the engine thread died; see the server log"
         return JSONResponse(body, status_code=200 if status == "ready" else 503)
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        engine = state.ready_engine()
-        card = {
+    def model_card(engine: AsyncEngine) -> dict[str, Any]:
+        return {
             "id": engine.served_model_name, "object": "model", "created": int(time.time()),
             "owned_by": "kvstrata", "max_model_len": engine.max_model_len,
         }
-        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card(state.ready_engine())]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        engine = state.ready_engine()
+        if model_id != engine.served_model_name:
+            msg = f"The model `{model_id}` does not exist; this server serves `{engine.served_model_name}`"
+            raise APIError(404, msg, param="model", code="model_not_found")
+        return model_card(engine)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:

@@ -6,12 +6,15 @@ shapes; `prepare_chat` / `prepare_completion` check values against the loaded mo
 honour (logprobs, penalties, json response_format, ...) are refused with a 400 rather than ignored.
 
 max_tokens: when absent, chat gets the rest of the context and completions get 16 (OpenAI's
-defaults). When prompt + max_tokens exceeds the context, max_tokens is clamped to what fits (as
-vLLM does); a prompt that itself leaves no room for one token is a 400 naming both numbers.
+defaults). When prompt + max_tokens exceeds the context, max_tokens is clamped to what fits (the
+engine's `check_prompt` does the same), and the choice ends with finish_reason "length"; a
+prompt that leaves no room for even one token is a 400 naming both numbers.
+
+/v1/completions takes a batch of prompts too: P prompts with n choices give P*n choices, choice
+p*n + i being the i-th of prompt p; usage counts each prompt once.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -77,11 +80,11 @@ class _SamplingRequest(BaseModel):
 
     model_config = _STRICT
     model: str | None = None  # None = the served model
-    max_tokens: int | None = None
+    max_tokens: int | None = Field(default=None, gt=0)
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)  # what a torch.Generator takes
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     n: int = 1
@@ -129,7 +132,7 @@ class _SamplingRequest(BaseModel):
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None  # wins over max_tokens when both are given
+    max_completion_tokens: int | None = Field(default=None, gt=0)  # wins over max_tokens
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
@@ -139,16 +142,16 @@ class ChatCompletionRequest(_SamplingRequest):
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
         if self.logprobs or self.top_logprobs:
-            raise InvalidRequestError("logprobs are not supported; omit logprobs/top_logprobs", "logprobs", "unsupported")
+            msg = "logprobs are not supported; omit logprobs/top_logprobs"
+            raise InvalidRequestError(msg, "logprobs", "unsupported")
         if self.response_format is not None and self.response_format.get("type") != "text":
             raise InvalidRequestError(
                 f"response_format {self.response_format.get('type')!r} is not supported; only {{'type': 'text'}}",
                 "response_format", "unsupported",
             )
         if self.tool_choice not in (None, "auto", "none"):
-            raise InvalidRequestError(
-                "tool_choice may be 'auto' or 'none'; forcing a tool call is not supported", "tool_choice", "unsupported"
-            )
+            msg = "tool_choice may be 'auto' or 'none'; forcing a tool call is not supported"
+            raise InvalidRequestError(msg, "tool_choice", "unsupported")
 
 
 class CompletionRequest(_SamplingRequest):
@@ -178,7 +181,8 @@ class CompletionRequest(_SamplingRequest):
             if getattr(self, name) != default:
                 raise InvalidRequestError(f"{name} is not supported; omit it", name, "unsupported")
         if self.best_of not in (None, self.n):
-            raise InvalidRequestError("best_of is not supported; omit it or set it equal to n", "best_of", "unsupported")
+            msg = "best_of is not supported; omit it or set it equal to n"
+            raise InvalidRequestError(msg, "best_of", "unsupported")
 
 
 @dataclass(frozen=True)
@@ -197,18 +201,22 @@ def _check_model(req: _SamplingRequest, engine: AsyncEngine) -> None:
         )
 
 
-def _finish(req: _SamplingRequest, engine: AsyncEngine, prompts: list[list[int]], max_tokens: int | None,
-            max_tokens_name: str, default_max: int | None) -> PreparedRequest:
+def _finish(
+    req: _SamplingRequest,
+    engine: AsyncEngine,
+    prompts: list[list[int]],
+    max_tokens: int | None,
+    default_max: int | None,
+) -> PreparedRequest:
     """Check prompt lengths/ids and parameters, clamp max_tokens to the room left in the context."""
-    if max_tokens is not None and max_tokens <= 0:
-        raise InvalidRequestError(f"{max_tokens_name} must be a positive integer, got {max_tokens}", max_tokens_name)
     limit, vocab = engine.max_model_len, engine.vocab_size
     for ids in prompts:
         if not ids:
             raise InvalidRequestError("the prompt is empty; send at least one token", "prompt")
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
-            raise InvalidRequestError(f"prompt token ids {bad[:8]} are outside the vocabulary [0, {vocab})", "prompt")
+            msg = f"prompt token ids {bad[:8]} are outside the vocabulary [0, {vocab})"
+            raise InvalidRequestError(msg, "prompt")
         if len(ids) >= limit:
             raise InvalidRequestError(
                 f"the prompt has {len(ids)} tokens but the model's maximum context is {limit} tokens "
@@ -221,10 +229,8 @@ def _finish(req: _SamplingRequest, engine: AsyncEngine, prompts: list[list[int]]
     sched = engine.sched_cfg
     params.validate(vocab, max_n=sched.max_n, max_stop=sched.max_stop_strings)
     if len(prompts) * params.n > sched.max_num_seqs:
-        raise InvalidRequestError(
-            f"{len(prompts)} prompts x n={params.n} is more than the {sched.max_num_seqs} sequences allowed at once; "
-            "split the batch", "prompt",
-        )
+        msg = f"{len(prompts)} prompts x n={params.n} is more than the {sched.max_num_seqs} sequences at once"
+        raise InvalidRequestError(msg + "; split the batch", "prompt")
     for ids in prompts:
         params = engine.check_prompt(ids, params)
     return PreparedRequest(prompts, params)
@@ -239,11 +245,11 @@ def prepare_chat(req: ChatCompletionRequest, engine: AsyncEngine) -> PreparedReq
             [m.for_template() for m in req.messages], add_generation_prompt=True, tools=tools
         )
     except Exception as exc:  # a template's raise_exception(...) or a message it cannot render
-        raise InvalidRequestError(f"the chat template could not render these messages: {exc}", "messages") from exc
+        msg = f"the chat template could not render these messages: {exc}"
+        raise InvalidRequestError(msg, "messages") from exc
     prompt = engine.tokenizer.encode(text)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    return _finish(req, engine, [prompt], max_tokens, name, None)
+    return _finish(req, engine, [prompt], max_tokens, None)
 
 
 def prepare_completion(req: CompletionRequest, engine: AsyncEngine) -> PreparedRequest:
@@ -252,10 +258,5 @@ def prepare_completion(req: CompletionRequest, engine: AsyncEngine) -> PreparedR
     raw = req.prompt
     items: list[Any] = [raw] if isinstance(raw, str) or (raw and type(raw[0]) is int) else list(raw)
     prompts = [engine.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in items]
-    return _finish(req, engine, prompts, req.max_tokens, "max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
+    return _finish(req, engine, prompts, req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
 
-
-def per_choice_params(params: SamplingParams, choice: int) -> SamplingParams:
-    """The engine takes n=1; choice i of a seeded request samples with seed + i."""
-    seed = None if params.seed is None else params.seed + choice
-    return dataclasses.replace(params, n=1, seed=seed)

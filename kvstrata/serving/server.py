@@ -58,13 +58,17 @@ def run_server(
     model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: SchedulerConfig, server_cfg: ServerConfig
 ) -> None:
     """Serve until interrupted (blocking); the engine loads in the background."""
-    from kvstrata.engine.async_engine import AsyncEngine  # heavy: torch and the weights
+
+    def load() -> AsyncEngine:
+        from kvstrata.engine.async_engine import AsyncEngine  # heavy (torch): imported off the server's path
+
+        return AsyncEngine.from_config(model_cfg, cache_cfg, sched_cfg)
 
     logging.basicConfig(
         level=server_cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     state = ServerState(model_cfg, cache_cfg, sched_cfg, server_cfg)
-    load_engine_in_background(state, lambda: AsyncEngine.from_config(model_cfg, cache_cfg, sched_cfg))
+    load_engine_in_background(state, load)
     logger.info("server_start host=%s port=%d model=%s", server_cfg.host, server_cfg.port, model_cfg.model)
     try:
         uvicorn.Server(_uvicorn_config(state)).run()

@@ -13,13 +13,13 @@ import json
 import logging
 import time
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from kvstrata.engine.outputs import RequestOutput
 from kvstrata.engine.sampling_params import SamplingParams
 from kvstrata.serving.errors import APIError, api_error_from, error_body
-from kvstrata.serving.protocol import PreparedRequest, per_choice_params
+from kvstrata.serving.protocol import PreparedRequest
 
 if TYPE_CHECKING:
     from kvstrata.engine.async_engine import AsyncEngine
@@ -41,9 +41,11 @@ class ChoiceJob:
 
 
 def fan_out(request_id: str, prepared: PreparedRequest) -> list[ChoiceJob]:
-    n = prepared.params.n
+    """The engine takes n=1: choice i of each prompt samples with seed + i when a seed is given."""
+    params, n = prepared.params, prepared.params.n
+    per_choice = [replace(params, n=1, seed=None if params.seed is None else params.seed + i) for i in range(n)]
     return [
-        ChoiceJob(p * n + i, f"{request_id}-{p * n + i}", ids, per_choice_params(prepared.params, i))
+        ChoiceJob(p * n + i, f"{request_id}-{p * n + i}", ids, per_choice[i])
         for p, ids in enumerate(prepared.prompts)
         for i in range(n)
     ]
@@ -51,9 +53,11 @@ def fan_out(request_id: str, prepared: PreparedRequest) -> list[ChoiceJob]:
 
 def raise_if_failed(out: RequestOutput) -> None:
     if out.finish_reason == "error":
-        raise APIError(500, f"generation failed: {out.error or 'unknown engine error'}", "server_error", code="generation_error")
+        msg = f"generation failed: {out.error or 'unknown engine error'}"
+        raise APIError(500, msg, "server_error", code="generation_error")
     if out.finish_reason == "abort":
-        raise APIError(503, "the engine aborted this request (shutting down?); retry it", "server_error", code="aborted")
+        msg = "the engine aborted this request (shutting down?); retry it"
+        raise APIError(503, msg, "server_error", code="aborted")
 
 
 async def merge_choices(
@@ -64,13 +68,17 @@ async def merge_choices(
     unfinished = {job.index: job.request_id for job in jobs}
 
     async def pump(job: ChoiceJob) -> None:
+        finished = False
         try:
             async with aclosing(engine.generate(job.request_id, job.prompt_token_ids, job.params)) as outs:
                 async for out in outs:
+                    finished = out.finished
                     queue.put_nowait((job.index, out, None))
+            if not finished:
+                raise RuntimeError(f"the engine stream of {job.request_id} ended before the request finished")
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
             queue.put_nowait((job.index, None, exc))
 
     tasks = [asyncio.create_task(pump(job), name=job.request_id) for job in jobs]
@@ -144,7 +152,9 @@ class ResponseShape:
 
     def chunk(self, index: int, text: str, finish_reason: str | None, first: bool = False) -> dict[str, Any]:
         if self.chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+            delta: dict[str, Any] = {"content": text} if text or first else {}
+            if first:
+                delta = {"role": "assistant", **delta}
             choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         else:
             choice = self.choice(index, text, finish_reason)
@@ -185,7 +195,9 @@ async def sse_events(
         yield DONE
     except Exception as exc:  # noqa: BLE001 - reported in-band: the 200 status is already sent
         err = api_error_from(exc)
-        logger.warning("stream_failed request_id=%s status=%d error=%s", shape.request_id, err.status_code, err.message)
+        logger.warning(
+            "stream_failed request_id=%s status=%d error=%s", shape.request_id, err.status_code, err.message
+        )
         yield sse(error_body(err.message, err.type, err.param, err.code or err.status_code))
         yield DONE
     finally:

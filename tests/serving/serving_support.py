@@ -20,8 +20,9 @@ MAX_MODEL_LEN = 2048  # room for a generation long enough to be cancelled mid-wa
 USER = [{"role": "user", "content": "hi"}]
 
 
-def make_state(engine: Any = None) -> ServerState:
-    return ServerState(ModelConfig(), CacheConfig(), SCHED, ServerConfig(port=0), engine=engine)
+def make_state(engine: Any = None, server_cfg: ServerConfig | None = None) -> ServerState:
+    """State for a server on a free port; engine None means 'still loading'."""
+    return ServerState(ModelConfig(), CacheConfig(), SCHED, server_cfg or ServerConfig(port=0), engine=engine)
 
 
 @contextlib.contextmanager

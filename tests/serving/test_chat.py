@@ -16,7 +16,7 @@ def rendered_len(engine: AsyncEngine, messages: list[dict[str, Any]]) -> int:
 
 
 def test_chat_completion_shape_and_usage(client: openai.OpenAI, engine: AsyncEngine, model_name: str) -> None:
-    out = client.chat.completions.create(model=model_name, messages=USER, **GREEDY)  # type: ignore[arg-type]
+    out = client.chat.completions.create(model=model_name, messages=USER, **GREEDY)
     assert out.id.startswith("chatcmpl-") and out.object == "chat.completion" and out.model == model_name
     [choice] = out.choices
     assert choice.index == 0 and choice.message.role == "assistant" and isinstance(choice.message.content, str)
@@ -30,7 +30,7 @@ def test_chat_completion_shape_and_usage(client: openai.OpenAI, engine: AsyncEng
 
 def test_greedy_and_seeded_sampling_are_reproducible(client: openai.OpenAI, model_name: str) -> None:
     def text(**kw: Any) -> str:
-        out = client.chat.completions.create(model=model_name, messages=USER, max_tokens=12, **kw)  # type: ignore[arg-type]
+        out = client.chat.completions.create(model=model_name, messages=USER, max_tokens=12, **kw)
         return out.choices[0].message.content or ""
 
     assert text(temperature=0) == text(temperature=0)
@@ -82,7 +82,7 @@ def test_repeated_prompt_reports_cached_tokens_per_cache_salt(client: openai.Ope
 
     def cached(salt: str) -> int:
         out = client.chat.completions.create(
-            model=model_name, messages=messages, max_tokens=1, extra_body={"cache_salt": salt}  # type: ignore[arg-type]
+            model=model_name, messages=messages, max_tokens=1, extra_body={"cache_salt": salt}
         )
         assert out.usage is not None and out.usage.prompt_tokens_details is not None
         return out.usage.prompt_tokens_details.cached_tokens or 0
@@ -100,7 +100,7 @@ def test_message_forms_render_through_the_template(client: openai.OpenAI, engine
             {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "4"},
     ]
-    out = client.chat.completions.create(model=model_name, messages=conversation, max_tokens=1)  # type: ignore[arg-type]
+    out = client.chat.completions.create(model=model_name, messages=conversation, max_tokens=1)
     expected = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "what is\n2+2?"},
@@ -132,6 +132,8 @@ def test_tools_reach_the_chat_template(engine: AsyncEngine, model_name: str) -> 
     tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
     with serve(make_state(spy)) as srv:
         client = openai_client(srv)
-        client.chat.completions.create(model=model_name, messages=USER, max_tokens=1, tools=tools)  # type: ignore[arg-type]
-        client.chat.completions.create(model=model_name, messages=USER, max_tokens=1, tools=tools, tool_choice="none")  # type: ignore[arg-type]
+        client.chat.completions.create(model=model_name, messages=USER, max_tokens=1, tools=tools)
+        client.chat.completions.create(
+            model=model_name, messages=USER, max_tokens=1, tools=tools, tool_choice="none"
+        )
     assert [c["tools"] for c in spy.calls] == [tools, None]

@@ -17,7 +17,7 @@ import pytest
 
 from kvstrata.config import ModelConfig
 from kvstrata.engine.async_engine import AsyncEngine
-from kvstrata.engine.outputs import EngineDeadError, RequestOutput
+from kvstrata.engine.outputs import EngineDeadError, EngineOverloadedError, RequestOutput
 from kvstrata.engine.sampling_params import SamplingParams
 from kvstrata.serving.server import load_engine_in_background
 from serving_support import USER, RecordingEngine, assert_error, make_state, openai_client, serve
@@ -80,16 +80,18 @@ def test_dead_engine_answers_503_fast(make_engine: Callable[[], AsyncEngine], mo
         assert http.get("/health").json()["status"] == "dead"
         start = time.monotonic()
         with pytest.raises(openai.InternalServerError) as info:
-            openai_client(srv).chat.completions.create(model=model_name, messages=USER)  # type: ignore[arg-type]
+            openai_client(srv).chat.completions.create(model=model_name, messages=USER)
         assert info.value.status_code == 503 and time.monotonic() - start < 1.0
 
 
 class FaultyEngine(RecordingEngine):
-    """Fails requests by seed: 1 raises at once, 2 dies mid-stream, 3 reports an engine error."""
+    """Fails requests by seed: 1 raises at once, 2 dies mid-stream, 3 reports an engine error, 5 is busy."""
 
     async def generate(self, request_id: str, ids: list[int], params: SamplingParams) -> AsyncIterator[RequestOutput]:
         if params.seed == 1:
             raise RuntimeError("boom before any token")
+        if params.seed == 5:
+            raise EngineOverloadedError("64 requests are waiting")
         count = 0
         async for out in super().generate(request_id, ids, params):
             count += 1
@@ -118,12 +120,15 @@ def test_engine_exception_fails_only_that_request(faulty: Any, model_name: str) 
     with pytest.raises(openai.InternalServerError) as info:
         client.chat.completions.create(seed=2, **kw)
     assert info.value.status_code == 503
+    with pytest.raises(openai.RateLimitError) as info:
+        client.chat.completions.create(seed=5, **kw)
+    assert "64 requests are waiting" in info.value.message
     assert client.chat.completions.create(seed=4, **kw).choices[0].finish_reason == "length"
 
 
 def test_engine_exception_mid_stream_is_an_error_event(faulty: Any, model_name: str) -> None:
     stream = openai_client(faulty).chat.completions.create(
-        model=model_name, messages=USER, max_tokens=20, seed=2, stream=True, extra_body={"ignore_eos": True}  # type: ignore[arg-type]
+        model=model_name, messages=USER, max_tokens=20, seed=2, stream=True, extra_body={"ignore_eos": True}
     )
     got = []
     with pytest.raises(openai.APIError) as info:

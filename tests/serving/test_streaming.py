@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -13,8 +14,8 @@ GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 10, "extra_body": {"ig
 
 
 def test_chat_stream_matches_non_stream(client: openai.OpenAI, model_name: str) -> None:
-    full = client.chat.completions.create(model=model_name, messages=USER, **GREEDY)  # type: ignore[arg-type]
-    chunks = list(client.chat.completions.create(model=model_name, messages=USER, stream=True, **GREEDY))  # type: ignore[arg-type]
+    full = client.chat.completions.create(model=model_name, messages=USER, **GREEDY)
+    chunks = list(client.chat.completions.create(model=model_name, messages=USER, stream=True, **GREEDY))
     assert chunks[0].choices[0].delta.role == "assistant"
     assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
     text = "".join(c.choices[0].delta.content or "" for c in chunks)
@@ -26,7 +27,7 @@ def test_chat_stream_matches_non_stream(client: openai.OpenAI, model_name: str) 
 
 def test_include_usage_sends_a_final_usage_chunk(client: openai.OpenAI, model_name: str) -> None:
     chunks = list(client.chat.completions.create(
-        model=model_name, messages=USER, stream=True, stream_options={"include_usage": True}, **GREEDY  # type: ignore[arg-type]
+        model=model_name, messages=USER, stream=True, stream_options={"include_usage": True}, **GREEDY
     ))
     last = chunks[-1]
     assert last.choices == [] and last.usage is not None
@@ -72,3 +73,18 @@ def test_errors_before_the_first_token_keep_their_status(client: openai.OpenAI, 
         assert exc.param == "temperature"
     else:
         raise AssertionError("a streamed request with temperature=-1 must be refused with 400")
+
+
+def test_concurrent_streams_and_requests(client: openai.OpenAI, model_name: str) -> None:
+    def one(i: int) -> int:
+        kw: dict[str, Any] = {"model": model_name, "messages": [{"role": "user", "content": f"request {i}"}],
+                              "max_tokens": 7 + i % 3, "extra_body": {"ignore_eos": True}}
+        if i % 2:
+            out = client.chat.completions.create(**kw)
+            assert out.choices[0].finish_reason == "length"
+            return out.usage.completion_tokens  # type: ignore[union-attr]
+        chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+        return chunks[-1].usage.completion_tokens  # type: ignore[union-attr]
+
+    with ThreadPoolExecutor(12) as pool:
+        assert list(pool.map(one, range(24))) == [7 + i % 3 for i in range(24)]

@@ -15,7 +15,8 @@ def chat(http: httpx.Client, model: str, **fields: Any) -> httpx.Response:
 
 
 def test_invalid_json_is_400(http: httpx.Client) -> None:
-    resp = http.post("/v1/chat/completions", content=b'{"model": "x", "messages": [', headers={"content-type": "application/json"})
+    body = b'{"model": "x", "messages": ['
+    resp = http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
     assert "not valid JSON" in assert_error(resp, 400, code="invalid_json")
 
 
@@ -40,7 +41,9 @@ def test_body_must_be_an_object(http: httpx.Client, body: bytes) -> None:
         ("cache_salt", "", "cache_salt"),
     ],
 )
-def test_wrong_types_are_400_with_param(http: httpx.Client, model_name: str, field: str, value: Any, param: str) -> None:
+def test_wrong_types_are_400_with_param(
+    http: httpx.Client, model_name: str, field: str, value: Any, param: str
+) -> None:
     msg = assert_error(chat(http, model_name, **{field: value}), 400, param=param)
     assert msg.startswith(param)
 
@@ -62,7 +65,7 @@ def test_malformed_messages(http: httpx.Client, model_name: str, messages: list[
 
 def test_unknown_model_is_404(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as info:
-        client.chat.completions.create(model="gpt-9", messages=USER, max_tokens=2)  # type: ignore[arg-type]
+        client.chat.completions.create(model="gpt-9", messages=USER, max_tokens=2)
     assert info.value.status_code == 404
     assert info.value.code == "model_not_found"
     assert info.value.param == "model"
@@ -88,18 +91,20 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"logit_bias": {"5": 1.0}}, "logit_bias"),
+        ({"seed": 2**64}, "seed"),
     ],
 )
 def test_bad_values_are_400(client: openai.OpenAI, model_name: str, fields: dict[str, Any], param: str) -> None:
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model=model_name, messages=USER, extra_body=fields)  # type: ignore[arg-type]
+        client.chat.completions.create(model=model_name, messages=USER, extra_body=fields)
     assert info.value.status_code == 400
     assert info.value.param == param, info.value.body
 
 
 @pytest.mark.parametrize("raw", [b"NaN", b"Infinity", b"-Infinity"])
 def test_non_finite_temperature_is_400(http: httpx.Client, model_name: str, raw: bytes) -> None:
-    body = b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "temperature": %s}' % (model_name.encode(), raw)
+    body = b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "temperature": %s}'
+    body %= (model_name.encode(), raw)
     resp = http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
     assert_error(resp, 400, param="temperature")
 

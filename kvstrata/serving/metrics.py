@@ -1,0 +1,101 @@
+"""Prometheus metrics (prefix `kvstrata:`) and the per-request stats log line.
+
+Observers run on the engine thread for every RequestOutput; gauges are read at scrape time.
+Each server owns its registry, so several servers can live in one process (tests, DP ranks).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from kvstrata.engine.outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from kvstrata.engine.async_engine import AsyncEngine
+
+stats_log = logging.getLogger("kvstrata.request_stats")
+
+P = "kvstrata:"
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.25, 0.5, 1.0, 2.5)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    def __init__(self, log_request_stats: bool = False) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.log_request_stats = log_request_stats
+        self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.generation_tokens = Counter(P + "generation_tokens", "Generated tokens", registry=r)
+        self.cache_queries = Counter(
+            P + "prefix_cache_queries", "Prompt tokens looked up in the prefix cache", registry=r
+        )
+        self.cache_hits = Counter(
+            P + "prefix_cache_hits", "Prompt tokens served from the prefix cache", ["tier"], registry=r
+        )
+        self.cache_hits.labels(tier="device")
+        self.requests = Counter(
+            P + "request_success", "Finished requests by finish reason", ["finish_reason"], registry=r
+        )
+        self.ttft = Histogram(
+            P + "time_to_first_token_seconds", "Arrival to first token", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.e2e = Histogram(
+            P + "e2e_request_latency_seconds", "Arrival to finish", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            P + "inter_token_latency_seconds", "Time between output steps of a request", buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.running = Gauge(P + "num_requests_running", "Requests in the running batch", registry=r)
+        self.waiting = Gauge(P + "num_requests_waiting", "Requests waiting for admission", registry=r)
+        self.kv_usage = Gauge(P + "kv_cache_usage_perc", "Fraction of KV pages in use (0-1)", registry=r)
+        self.cached_pages = Gauge(P + "prefix_cache_pages", "Pages held by the prefix cache", registry=r)
+        self._last_output: dict[str, float] = {}
+
+    def bind(self, engine: AsyncEngine) -> None:
+        """Read gauges from the engine at scrape time and observe its outputs."""
+        eng = engine.engine
+        pool = eng.pool
+        self.running.set_function(lambda: eng.num_running)
+        self.waiting.set_function(lambda: eng.num_waiting)
+        self.kv_usage.set_function(lambda: pool.num_in_use / pool.num_pages)
+        cache = eng.prefix_cache
+        self.cached_pages.set_function(lambda: cache.num_cached_pages if cache is not None else 0)
+        engine.on_output.append(self.observe)
+
+    def observe(self, out: RequestOutput) -> None:
+        now = time.monotonic()
+        rid = out.request_id
+        if out.new_token_ids:
+            last = self._last_output.get(rid)
+            if last is not None:
+                self.itl.observe(now - last)
+            self._last_output[rid] = now
+        if not out.finished:
+            return
+        self._last_output.pop(rid, None)
+        s = out.stats
+        self.prompt_tokens.inc(out.prompt_tokens)
+        self.generation_tokens.inc(out.output_tokens)
+        self.cache_queries.inc(out.prompt_tokens)
+        for tier, n in s.tier_tokens.items():
+            self.cache_hits.labels(tier=tier).inc(n)
+        self.requests.labels(finish_reason=out.finish_reason or "unknown").inc()
+        if s.first_token is not None:
+            self.ttft.observe(s.first_token - s.arrival)
+        if s.finished is not None:
+            self.e2e.observe(s.finished - s.arrival)
+        if self.log_request_stats:
+            fields = s.as_log_fields(out.finish_reason)
+            stats_log.info(
+                "request_stats request_id=%s %s", rid, " ".join(f"{k}={v}" for k, v in fields.items())
+            )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
