@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import torch
 
-from kvstrata.engine.request import Request
 from kvstrata.engine.scheduler import ScheduledBatch
 from kvstrata.kv.pool import PagePool
 from kvstrata.model.attention import AttentionMetadata, PrefillSeq
@@ -17,59 +16,46 @@ class ModelRunner:
         self.pool = pool
         self.device = model.device
         self.page_size = pool.page_size
-        self._offsets = torch.arange(pool.page_size, device=self.device)
 
-    def _slots(self, req: Request, start: int, end: int) -> torch.Tensor:
-        """[end - start] long: pool slots of the request's positions [start, end)."""
-        ps = self.page_size
-        first, last = start // ps, -(-end // ps)
-        pages = torch.tensor(req.pages[first:last], dtype=torch.long, device=self.device)
-        slots = (pages[:, None] * ps + self._offsets[None, :]).reshape(-1)  # [pages * ps]
-        return slots[start - first * ps : end - first * ps]
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+        """input ids [T], positions [T], attention metadata, rows to sample [S]."""
+        ps = self.page_size
         ids: list[int] = []
-        positions: list[torch.Tensor] = []
-        slot_mapping: list[torch.Tensor] = []
+        positions: list[int] = []
+        slots: list[int] = []
         prefill: list[PrefillSeq] = []
         decode_rows: list[int] = []
-        decode_slots: list[torch.Tensor] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
         logit_rows: list[int] = []
         row = 0
         for i, (req, n) in enumerate(zip(batch.requests, batch.num_tokens)):
             start, end = req.num_computed_tokens, req.num_computed_tokens + n
             ids.extend(req.token_ids[start:end])
-            positions.append(torch.arange(start, end, device=self.device))
-            ctx = self._slots(req, 0, end)  # [end]
-            slot_mapping.append(ctx[start:end])
+            positions.extend(range(start, end))
+            pages = req.pages[: -(-end // ps)]
+            slots.extend(pages[p // ps] * ps + p % ps for p in range(start, end))
             if n == 1:
                 decode_rows.append(row)
-                decode_slots.append(ctx)
+                decode_tables.append(pages)
+                decode_lens.append(end)
             else:
-                prefill.append(PrefillSeq(q_start=row, q_len=n, slots=ctx))
+                prefill.append(PrefillSeq(q_start=row, q_len=n, kv_len=end, pages=self._tensor(pages)))
             row += n
             if batch.samples(i):
                 logit_rows.append(row - 1)
-        meta = AttentionMetadata(
-            slot_mapping=torch.cat(slot_mapping),
-            prefill=prefill,
-            decode_rows=None,
-            decode_slots=None,
-            decode_mask=None,
-        )
+        meta = AttentionMetadata(page_size=ps, slot_mapping=self._tensor(slots), prefill=prefill)
         if decode_rows:
-            lmax = max(s.shape[0] for s in decode_slots)
-            padded = torch.zeros(len(decode_slots), lmax, dtype=torch.long, device=self.device)
-            mask = torch.zeros(len(decode_slots), 1, 1, lmax, dtype=torch.bool, device=self.device)
-            for b, s in enumerate(decode_slots):
-                padded[b, : s.shape[0]] = s
-                mask[b, 0, 0, : s.shape[0]] = True
-            meta.decode_rows = torch.tensor(decode_rows, dtype=torch.long, device=self.device)
-            meta.decode_slots = padded  # [B, Lmax]
-            meta.decode_mask = mask  # [B, 1, 1, Lmax]
-        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
-        return input_ids, torch.cat(positions), meta, rows
+            pmax = max(len(t) for t in decode_tables)
+            meta.decode_rows = self._tensor(decode_rows)
+            meta.decode_pages = self._tensor([t + [0] * (pmax - len(t)) for t in decode_tables])  # [B, Pmax]
+            lens = self._tensor(decode_lens)
+            meta.decode_mask = (torch.arange(pmax * ps, device=self.device)[None, :] < lens[:, None])[:, None, None, :]
+            meta.decode_lens = decode_lens
+        return self._tensor(ids), self._tensor(positions), meta, self._tensor(logit_rows)
 
     def run(self, batch: ScheduledBatch) -> list[int | None]:
         """Next token for each request that reaches the end of its tokens, else None."""

@@ -16,11 +16,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kvstrata.engine.outputs import RequestOutput
-from kvstrata.serving.errors import APIError, install_error_handlers
+from kvstrata.serving.admin import install_admin_routes
+from kvstrata.serving.errors import install_error_handlers
 from kvstrata.serving.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     PreparedRequest,
+    check_model,
     prepare_chat,
     prepare_completion,
 )
@@ -83,8 +85,7 @@ async def _collect(
 
 
 async def _serve(
-    state: ServerState, request: Request, engine: AsyncEngine, prepared: PreparedRequest,
-    chat: bool, stream: bool, include_usage: bool,
+    request: Request, engine: AsyncEngine, prepared: PreparedRequest, chat: bool, stream: bool, include_usage: bool
 ) -> Response:
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     shape = ResponseShape(chat, request_id, engine.served_model_name)
@@ -94,7 +95,7 @@ async def _serve(
         "request_start request_id=%s prompts=%d prompt_tokens=%s n=%d max_tokens=%d stream=%s",
         request_id, len(prepared.prompts), usage.prompt_lens, prepared.params.n, prepared.params.max_tokens, stream,
     )
-    outputs = merge_choices(engine, jobs, state.server_cfg.enable_log_request_stats)
+    outputs = merge_choices(engine, jobs)
     try:
         if stream:
             first = await _until_disconnect(request, _first(outputs))  # errors before a token get a status
@@ -138,21 +139,20 @@ def build_app(state: ServerState) -> FastAPI:
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:
         engine = state.ready_engine()
-        if model_id != engine.served_model_name:
-            msg = f"The model `{model_id}` does not exist; this server serves `{engine.served_model_name}`"
-            raise APIError(404, msg, param="model", code="model_not_found")
+        check_model(model_id, engine)
         return model_card(engine)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
         engine = state.ready_engine()
         prepared = prepare_chat(req, engine)
-        return await _serve(state, request, engine, prepared, True, req.stream, req.include_usage)
+        return await _serve(request, engine, prepared, True, req.stream, req.include_usage)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
         engine = state.ready_engine()
         prepared = prepare_completion(req, engine)
-        return await _serve(state, request, engine, prepared, False, req.stream, req.include_usage)
+        return await _serve(request, engine, prepared, False, req.stream, req.include_usage)
 
+    install_admin_routes(app, state)
     return app

@@ -62,12 +62,8 @@ class ChatMessage(BaseModel):
 
     def for_template(self) -> dict[str, Any]:
         """The dict the chat template sees; 'developer' is rendered as 'system'."""
-        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
-                               "content": self.content or ""}
-        for key in ("name", "tool_calls", "tool_call_id"):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
-        return out
+        out = self.model_dump(include={"name", "tool_calls", "tool_call_id"}, exclude_none=True)
+        return {"role": "system" if self.role == "developer" else self.role, "content": self.content or "", **out}
 
 
 class StreamOptions(BaseModel):
@@ -193,20 +189,15 @@ class PreparedRequest:
     params: SamplingParams
 
 
-def _check_model(req: _SamplingRequest, engine: AsyncEngine) -> None:
-    if req.model is not None and req.model != engine.served_model_name:
-        raise APIError(
-            404, f"The model `{req.model}` does not exist; this server serves `{engine.served_model_name}`",
-            param="model", code="model_not_found",
-        )
+def check_model(model: str | None, engine: AsyncEngine) -> None:
+    """404 model_not_found unless `model` is the served model (None means the served model)."""
+    if model is not None and model != engine.served_model_name:
+        msg = f"The model `{model}` does not exist; this server serves `{engine.served_model_name}`"
+        raise APIError(404, msg, param="model", code="model_not_found")
 
 
 def _finish(
-    req: _SamplingRequest,
-    engine: AsyncEngine,
-    prompts: list[list[int]],
-    max_tokens: int | None,
-    default_max: int | None,
+    req: _SamplingRequest, engine: AsyncEngine, prompts: list[list[int]], max_tokens: int | None, default: int | None
 ) -> PreparedRequest:
     """Check prompt lengths/ids and parameters, clamp max_tokens to the room left in the context."""
     limit, vocab = engine.max_model_len, engine.vocab_size
@@ -224,7 +215,7 @@ def _finish(
                 "messages" if isinstance(req, ChatCompletionRequest) else "prompt", "context_length_exceeded",
             )
     room = limit - max(len(ids) for ids in prompts)
-    wanted = max_tokens if max_tokens is not None else (default_max or room)
+    wanted = max_tokens if max_tokens is not None else (default or room)
     params = req.sampling_params(min(wanted, room))
     sched = engine.sched_cfg
     params.validate(vocab, max_n=sched.max_n, max_stop=sched.max_stop_strings)
@@ -237,7 +228,7 @@ def _finish(
 
 
 def prepare_chat(req: ChatCompletionRequest, engine: AsyncEngine) -> PreparedRequest:
-    _check_model(req, engine)
+    check_model(req.model, engine)
     req.refuse_unsupported()
     tools = None if req.tool_choice == "none" else req.tools
     try:
@@ -253,7 +244,7 @@ def prepare_chat(req: ChatCompletionRequest, engine: AsyncEngine) -> PreparedReq
 
 
 def prepare_completion(req: CompletionRequest, engine: AsyncEngine) -> PreparedRequest:
-    _check_model(req, engine)
+    check_model(req.model, engine)
     req.refuse_unsupported()
     raw = req.prompt
     items: list[Any] = [raw] if isinstance(raw, str) or (raw and type(raw[0]) is int) else list(raw)

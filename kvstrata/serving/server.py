@@ -35,7 +35,7 @@ def load_engine_in_background(state: ServerState, loader: Callable[[], AsyncEngi
             logger.exception("engine_load_failed error=%r", exc)
             state.load_error = f"{type(exc).__name__}: {exc}"
             return
-        state.engine = engine
+        state.publish(engine)
         logger.info(
             "engine_ready model=%s max_model_len=%d load_s=%.1f",
             engine.served_model_name, engine.max_model_len, time.monotonic() - started,

@@ -1,11 +1,12 @@
 """What the HTTP layer knows about the process: the configs and the engine once it has loaded."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig, ServerConfig
 from kvstrata.serving.errors import APIError
+from kvstrata.serving.metrics import Metrics
 
 if TYPE_CHECKING:
     from kvstrata.engine.async_engine import AsyncEngine
@@ -24,6 +25,15 @@ class ServerState:
     server_cfg: ServerConfig
     engine: AsyncEngine | None = None
     load_error: str | None = None
+    metrics: Metrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = Metrics(log_request_stats=self.server_cfg.enable_log_request_stats)
+
+    def publish(self, engine: AsyncEngine) -> None:
+        """Make a loaded engine visible to the routes (metrics observe it from its first request)."""
+        self.metrics.bind(engine)
+        self.engine = engine
 
     @property
     def status(self) -> str:

@@ -60,9 +60,7 @@ def raise_if_failed(out: RequestOutput) -> None:
         raise APIError(503, msg, "server_error", code="aborted")
 
 
-async def merge_choices(
-    engine: AsyncEngine, jobs: list[ChoiceJob], log_stats: bool = False
-) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def merge_choices(engine: AsyncEngine, jobs: list[ChoiceJob]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Yield (choice index, output) from all jobs as they arrive; the first engine error is raised."""
     queue: asyncio.Queue[tuple[int, RequestOutput | None, BaseException | None]] = asyncio.Queue()
     unfinished = {job.index: job.request_id for job in jobs}
@@ -90,9 +88,6 @@ async def merge_choices(
             assert out is not None
             if out.finished:
                 unfinished.pop(index, None)
-                if log_stats:
-                    fields = " ".join(f"{k}={v}" for k, v in out.stats.as_log_fields(out.finish_reason).items())
-                    logger.info("request_stats request_id=%s %s", out.request_id, fields)
             yield index, out
     finally:
         for task in tasks:

@@ -9,6 +9,7 @@ import httpx
 import openai
 
 from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig, ServerConfig
+from kvstrata.engine.async_engine import AsyncEngine
 from kvstrata.engine.outputs import RequestOutput
 from kvstrata.engine.sampling_params import SamplingParams
 from kvstrata.serving.server import ServerThread
@@ -22,7 +23,12 @@ USER = [{"role": "user", "content": "hi"}]
 
 def make_state(engine: Any = None, server_cfg: ServerConfig | None = None) -> ServerState:
     """State for a server on a free port; engine None means 'still loading'."""
-    return ServerState(ModelConfig(), CacheConfig(), SCHED, server_cfg or ServerConfig(port=0), engine=engine)
+    state = ServerState(ModelConfig(), CacheConfig(), SCHED, server_cfg or ServerConfig(port=0))
+    if isinstance(engine, AsyncEngine):
+        state.publish(engine)  # metrics observe it, as in the real server
+    else:
+        state.engine = engine
+    return state
 
 
 @contextlib.contextmanager

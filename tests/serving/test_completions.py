@@ -1,15 +1,12 @@
 """POST /v1/completions and GET /v1/models against the real engine."""
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import openai
 import pytest
 
-from kvstrata.config import ServerConfig
 from kvstrata.engine.async_engine import AsyncEngine
-from serving_support import make_state, openai_client, serve
 
 PROMPT = "Once upon a time"
 
@@ -62,12 +59,3 @@ def test_models_lists_the_served_model(client: openai.OpenAI, engine: AsyncEngin
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-9")
 
-
-def test_request_stats_are_logged_when_enabled(
-    engine: AsyncEngine, model_name: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    state = make_state(engine, ServerConfig(port=0, enable_log_request_stats=True))
-    with caplog.at_level(logging.INFO, logger="kvstrata.serving"), serve(state) as srv:
-        openai_client(srv).completions.create(model=model_name, prompt=PROMPT, max_tokens=2)
-    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("request_stats")]
-    assert "prompt_tokens=4" in line and "output_tokens=2" in line and "ttft_ms=" in line
