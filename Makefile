@@ -25,11 +25,27 @@ fetch-model: install
 serve: install
 	$(BIN)/kvstrata serve --model smollm2 --host $(HOST) --port $(PORT) $(ARGS)
 
-test: install fetch-model
+test: install fetch-model store-deps
 	$(BIN)/python -m pytest -q $(ARGS)
+
+# The L3 store tests start a real redis-server (and mooncake_master, from the pip wheel, which needs
+# these libraries even over TCP) on free loopback ports; install the Debian packages once.
+STORE_DEBS := redis-server libibverbs1 librdmacm1 libnuma1 liburing2 libcurl4 rdma-core
+SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+.PHONY: store-deps
+store-deps:
+	@command -v redis-server >/dev/null && dpkg -s $(STORE_DEBS) >/dev/null 2>&1 || \
+	  { $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $(STORE_DEBS); }
 
 bench: install fetch-model
 	$(BIN)/kvstrata bench throughput $(ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
+
+# EnergonAI's Locust test (bench/locustfile.py), response cache off then on; locust is installed
+# here only, not with the package, so `make test` stays lean. ARGS: --users, --run-time, --port ...
+.PHONY: bench-locust
+bench-locust: install fetch-model
+	$(BIN)/pip install -q locust
+	$(BIN)/python bench/locust_compare.py $(ARGS)

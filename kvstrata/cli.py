@@ -1,4 +1,4 @@
-"""`kvstrata` command line: serve, fetch-model, bench."""
+"""`kvstrata` command line: serve, route, fetch-model, bench."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +8,7 @@ import sys
 from kvstrata.config import (
     CacheConfig,
     ModelConfig,
+    RouterConfig,
     SchedulerConfig,
     ServerConfig,
     add_arguments,
@@ -22,12 +23,31 @@ def _serve(ns: argparse.Namespace) -> int:
     logging.basicConfig(
         level=server_cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if server_cfg.dp_size > 1:  # N rank processes behind the gateway (kvstrata/router/launcher.py)
+        from kvstrata.router.launcher import run_data_parallel
+
+        run_data_parallel(
+            from_namespace(ModelConfig, ns), from_namespace(CacheConfig, ns), from_namespace(SchedulerConfig, ns),
+            server_cfg, from_namespace(RouterConfig, ns),
+        )
+        return 0
     run_server(
         from_namespace(ModelConfig, ns),
         from_namespace(CacheConfig, ns),
         from_namespace(SchedulerConfig, ns),
         server_cfg,
     )
+    return 0
+
+
+def _route(ns: argparse.Namespace) -> int:
+    from kvstrata.router.app import run_gateway
+
+    server_cfg = from_namespace(ServerConfig, ns)
+    logging.basicConfig(
+        level=server_cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    run_gateway(ns.worker, server_cfg, from_namespace(RouterConfig, ns))
     return 0
 
 
@@ -44,9 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="start the OpenAI-compatible server")
-    for cls in (ModelConfig, CacheConfig, SchedulerConfig, ServerConfig):
+    for cls in (ModelConfig, CacheConfig, SchedulerConfig, ServerConfig, RouterConfig):
         add_arguments(serve, cls)
     serve.set_defaults(func=_serve)
+
+    route = sub.add_parser("route", help="the cache-aware gateway in front of ranks started anywhere")
+    route.add_argument("--worker", action="append", required=True, metavar="URL",
+                       help="a rank's base URL (http://host:port); repeat, in rank order")
+    add_arguments(route, ServerConfig, exclude=("dp_size", "enable_log_request_stats"))
+    add_arguments(route, RouterConfig)
+    route.set_defaults(func=_route)
 
     fetch = sub.add_parser("fetch-model", help="download a registry model (no-op when present)")
     fetch.add_argument("name", nargs="?", default="smollm2")

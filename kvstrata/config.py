@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+GREEDY_BELOW = 1e-5  # sampling temperatures this small are argmax (dividing logits by them overflows)
+
 
 def opt(default: Any, help: str, **extra: Any) -> Any:  # noqa: A002 - mirrors argparse
     """A dataclass field with CLI help (and optional `choices`, `flags`, `aliases`)."""
@@ -59,6 +61,41 @@ class CacheConfig:
         "reuse KV of prompt prefixes seen before",
         flags=("--enable-prefix-caching", "--disable-prefix-caching"),
     )
+    # KV cache events (kvstrata/kv/events.py), in vLLM's wire format.
+    kv_events_config: str | None = opt(
+        None,
+        'KV cache events as vLLM\'s JSON: {"enable_kv_cache_events": true, "publisher": "zmq", '
+        '"endpoint": "tcp://*:5557", "replay_endpoint": null, "buffer_steps": 10000, "hwm": 100000, '
+        '"max_queue_size": 100000, "topic": ""}; rank r binds port + r',
+    )
+    data_parallel_rank: int = opt(
+        0, "this engine's data-parallel rank: KV events carry it and use endpoint port + rank (set by --dp-size)"
+    )
+    # KV tiers beyond L1 (kvstrata/kv/tiers.py); TokenSpeed's flag names.
+    enable_kvstore: bool = opt(
+        True,
+        "keep what L1 evicts in a host-memory L2 (and write through to --kvstore-storage-backend); "
+        "needs prefix caching",
+        flags=("--enable-kvstore", "--disable-kvstore"),
+    )
+    kvstore_ratio: float = opt(2.0, "L2 host pages as a multiple of the L1 pages")
+    kvstore_size: float = opt(0.0, "L2 host memory in GB; overrides --kvstore-ratio when > 0")
+    kvstore_storage_backend: str | None = opt(
+        None,
+        "L3 store shared across restarts, ranks and machines (none: no L3)",
+        choices=["file", "redis", "mooncake"],  # kvstrata/kv/store/registry.py: STORE_FACTORIES
+    )
+    kvstore_storage_backend_extra_config: str | None = opt(
+        None,
+        'JSON for the backend: file {"path", "max_size_gb"}; redis {"url"}; mooncake '
+        '{"master_server_address", "metadata_server", "protocol", "global_segment_size", "local_buffer_size"}',
+    )
+    kvstore_prefetch_min_pages: int = opt(
+        2, "prefetch from L3 before admission when it holds at least this many more pages than L1+L2"
+    )
+    kvstore_prefetch_timeout_base_s: float = opt(1.0, "prefetch deadline: base seconds ...")
+    kvstore_prefetch_timeout_per_page_s: float = opt(0.01, "... plus this many seconds per page to fetch")
+    kvstore_prefetch_batch_pages: int = opt(128, "pages per L3 read during a prefetch")
 
 
 @dataclass(frozen=True)
@@ -76,9 +113,44 @@ class ServerConfig:
     port: int = opt(8000, "port to listen on")
     enable_log_request_stats: bool = opt(False, "log one key=value line per finished request")
     log_level: str = opt("info", "log level", choices=["debug", "info", "warning", "error"])
+    # Response cache (kvstrata/serving/response_cache.py); EnergonAI's flag spellings as aliases.
+    response_cache_size: int = opt(
+        0, "most request keys the response cache holds, LRU (0 = off)", aliases=["--cache_size"]
+    )
+    response_cache_list_size: int = opt(
+        1, "results kept per sampled key; it hits once full, with one picked at random", aliases=["--cache_list_size"]
+    )
+    response_cache_fixed_keys: str | None = opt(
+        None, "JSON-lines file of request bodies whose keys are never evicted nor counted in the size"
+    )
+    dp_size: int = opt(
+        1, "data-parallel engine ranks: N > 1 starts N rank processes and the gateway (kvstrata/router) on --port"
+    )
 
 
-CONFIG_CLASSES: tuple[type, ...] = (ModelConfig, CacheConfig, SchedulerConfig, ServerConfig)
+@dataclass(frozen=True)
+class RouterConfig:
+    """The gateway in front of data-parallel ranks (`serve --dp-size N`, `kvstrata route`)."""
+
+    policy: str = opt(
+        "cache_aware", "how the gateway picks a rank", choices=["cache_aware", "least_load", "round_robin"]
+    )
+    cache_threshold: float = opt(
+        0.3, "cache_aware: send to the longest cached match only when it covers more than this share of the prompt"
+    )
+    balance_abs_threshold: int = opt(
+        64, "cache_aware: loads are unbalanced when the busiest rank has this many more requests in flight ..."
+    )
+    balance_rel_threshold: float = opt(
+        1.5, "... and more than this multiple of the idlest rank's; then the least-loaded rank gets the request"
+    )
+    router_tokenizer: str | None = opt(
+        None, "tokenizer for cache_aware matching: a .gguf or HF folder (default: the ranks' --model)"
+    )
+    health_check_interval: float = opt(1.0, "seconds between health probes of each rank")
+
+
+CONFIG_CLASSES: tuple[type, ...] = (ModelConfig, CacheConfig, SchedulerConfig, ServerConfig, RouterConfig)
 
 
 def _flag(name: str) -> str:
@@ -94,10 +166,12 @@ def _base_type(tp: Any) -> type:
     return tp
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+def add_arguments(parser: argparse.ArgumentParser, cls: type, exclude: tuple[str, ...] = ()) -> None:
     group = parser.add_argument_group(cls.__name__)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
+        if f.name in exclude:
+            continue
         meta = f.metadata
         tp = _base_type(hints[f.name])
         help_text = f"{meta.get('help', '')} (default: {f.default})"

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Callable, NamedTuple
 
+from kvstrata.bench.repeat import add_repeat_args
 from kvstrata.bench.throughput import add_throughput_args
 
 DEFAULT_TOKENIZER_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -69,6 +70,8 @@ BENCH_COMMANDS: tuple[BenchCommand, ...] = (
                  "kvstrata.bench.agentic:main"),
     BenchCommand("throughput", "offline cold prefill and decode tokens/s, kvstrata beside transformers",
                  add_throughput_args, "kvstrata.bench.throughput:run_throughput"),
+    BenchCommand("repeat", "repeated requests (hot pool + unique) for the response cache, mean/p50/p99 latency",
+                 add_repeat_args, "kvstrata.bench.repeat:run_repeat"),
 )
 
 

@@ -90,6 +90,7 @@ class AsyncEngine:
         self._stopping = True
         self._inbox.put(("stop", None))
         self._thread.join(timeout)
+        self.engine.close(timeout)
 
     # -- engine thread ---------------------------------------------------------------------
     def _send(self, request_id: str, item: RequestOutput | BaseException) -> None:

@@ -16,9 +16,11 @@ from kvstrata.engine.request import Request
 from kvstrata.engine.runner import ModelRunner
 from kvstrata.engine.sampling_params import InvalidRequestError, SamplingParams
 from kvstrata.engine.scheduler import ScheduledBatch, Scheduler
+from kvstrata.kv.events import attach_kv_events
 from kvstrata.kv.hashing import namespace_root
 from kvstrata.kv.pool import PagePool
 from kvstrata.kv.radix import RadixPrefixCache
+from kvstrata.kv.tiers_factory import build_tiers
 from kvstrata.model.arch import ModelArch
 from kvstrata.model.attention import make_attention_backend
 from kvstrata.model.fetch import resolve_model
@@ -68,7 +70,11 @@ class Engine:
         root = namespace_root(path.name + ":" + weights.identity, dtype_name, ps, "llama-paged-v1")
         cache = RadixPrefixCache(self.pool, ps, root) if cache_cfg.enable_prefix_caching else None
         self.prefix_cache = cache
-        self.scheduler = Scheduler(sched_cfg, KVCacheManager(self.pool, cache))
+        # KV events in vLLM's wire format, for the DP gateway and outside routers (None when off)
+        self.kv_events = attach_kv_events(cache, cache_cfg)
+        # KV tiers beyond L1: host-memory L2, L3 store, prefetch (kvstrata/kv/tiers.py; None when off)
+        self.tiers = build_tiers(cache_cfg, cache)
+        self.scheduler = Scheduler(sched_cfg, KVCacheManager(self.pool, cache, self.tiers))
         self.runner = ModelRunner(self.model, self.pool)
 
         limit = min(arch.max_position, num_pages * ps)
@@ -108,7 +114,7 @@ class Engine:
             raise InvalidRequestError(
                 f"the prompt has {len(prompt_token_ids)} tokens but this model's context is {limit} tokens "
                 f"(prompt plus at least one generated token must fit)",
-                "messages",
+                "prompt",
                 "context_length_exceeded",
             )
         room = limit - len(prompt_token_ids)
@@ -147,6 +153,7 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
         if not batch:
+            self.scheduler.kv.wait_for_io(0.01)  # waiting only on L3 prefetches: sleep, not spin
             return []
         try:
             tokens = self.runner.run(batch)
@@ -187,6 +194,11 @@ class Engine:
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
+
+    def close(self, drain_timeout_s: float = 5.0) -> None:
+        """Release what outlives the step loop: in-flight L3 writes are drained, bounded in time."""
+        if self.tiers is not None:
+            self.tiers.close(drain_timeout_s)
 
 
 def _default_name(model: str) -> str:

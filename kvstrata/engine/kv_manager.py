@@ -3,7 +3,9 @@
     request.pages = [ shared: owned by the prefix cache, locked | own: this request's ]
                       0 .. num_shared_pages                      .. len(pages)
 
-- admit:    match the prompt in the cache, lock the match, start computing after it.
+- ready:    False while the request's prefix is being prefetched from L3 into L2 (it waits; others go).
+- admit:    match the prompt in L1, lock the match, continue the hash chain in L2 (copy those pages
+            into fresh L1 pages and cache them), start computing after the hit.
 - allocate: grow the page table to cover the next n tokens, evicting unlocked cache leaves.
 - commit:   after a step, hand newly filled own pages to the cache (duplicates of pages the cache
             already has are swapped for the cache's page and freed), so other requests share them
@@ -12,30 +14,91 @@
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from kvstrata.engine.request import Request
 from kvstrata.kv.pool import PagePool
-from kvstrata.kv.radix import RadixPrefixCache
+from kvstrata.kv.radix import Match, RadixPrefixCache
+from kvstrata.kv.tiers import KVTiers
+
+
+class CacheHit(NamedTuple):
+    """Prompt tokens whose KV came from each tier at admission."""
+
+    device: int = 0  # L1
+    host: int = 0  # L2 (copied into fresh L1 pages)
+    store: int = 0  # L3, prefetched into L2 for this request
+
+    @property
+    def tokens(self) -> int:
+        return self.device + self.host + self.store
+
+    def by_tier(self) -> dict[str, int]:
+        return {"device": self.device, "host": self.host, "store": self.store}
 
 
 class KVCacheManager:
-    def __init__(self, pool: PagePool, cache: RadixPrefixCache | None) -> None:
+    def __init__(self, pool: PagePool, cache: RadixPrefixCache | None, tiers: KVTiers | None = None) -> None:
         self.pool = pool
         self.cache = cache
+        self.tiers = tiers
         self.page_size = pool.page_size
 
     # -- admission -------------------------------------------------------------------------
-    def admit(self, req: Request) -> int:
-        """Match the request's tokens in the prefix cache and lock the hit. Returns hit tokens."""
+    def ready(self, req: Request) -> bool:
+        """Whether `req` may be admitted now; False while its prefix is prefetched from L3."""
+        if self.tiers is None:
+            return True
+        return self.tiers.prefetch_ready(req.request_id, req.token_ids, req.params.extra_key)
+
+    def admit(self, req: Request) -> CacheHit:
+        """Match the request's tokens in L1 then L2 and lock the hit (L2 pages are copied into
+        fresh L1 pages and cached there first)."""
         assert not req.pages and req.num_computed_tokens == 0
         if self.cache is None:
-            return 0
+            return CacheHit()
         m = self.cache.match(req.token_ids, req.params.extra_key)
         self.cache.lock(m.node)
+        device, host, store = m.num_tokens, 0, 0
+        if self.tiers is not None:
+            m, loaded = self._load_from_host(req, m)
+            from_store = self.tiers.take_prefetched(req.request_id)
+            self.tiers.forget(req.request_id)
+            store = sum(h in from_store for h in loaded) * self.page_size
+            host = len(loaded) * self.page_size - store
         req.cache_node = m.node
         req.pages = list(m.pages)
         req.num_shared_pages = len(m.pages)
         req.num_computed_tokens = m.num_tokens
-        return m.num_tokens
+        return CacheHit(device, host, store)
+
+    def _load_from_host(self, req: Request, m: Match) -> tuple[Match, list[bytes]]:
+        """Continue the locked L1 match `m` with L2 pages; returns the locked match and the hashes
+        of the pages copied in."""
+        assert self.cache is not None and self.tiers is not None
+        host = self.tiers.host
+        hashes = self.tiers.hashes_after(req.token_ids, req.params.extra_key, m)
+        hashes = hashes[: host.match(hashes)]
+        if not hashes:
+            return m, []
+        host.pin(hashes)  # L1 victims evicted below go to L2: they must not push these out
+        try:
+            if len(hashes) > self.pool.num_free:
+                self.cache.evict(len(hashes) - self.pool.num_free)  # m is locked: never its pages
+            hashes = hashes[: self.pool.num_free]
+            pages = self.pool.alloc(len(hashes)) or []
+            self.tiers.load_host(hashes, pages)
+        finally:
+            host.unpin()
+        if not pages:
+            return m, []
+        tokens = req.token_ids[: (len(m.pages) + len(pages)) * self.page_size]
+        duplicates = self.cache.insert(tokens, m.pages + pages, req.params.extra_key)
+        assert not duplicates, "L2 continued an L1 match that was not the longest"
+        full = self.cache.match(tokens + [0], req.params.extra_key)
+        self.cache.lock(full.node)
+        self.cache.unlock(m.node)
+        return full, hashes
 
     # -- allocation ------------------------------------------------------------------------
     def pages_needed(self, req: Request, num_new_tokens: int) -> int:
@@ -92,13 +155,26 @@ class KVCacheManager:
         req.num_shared_pages = 0
         req.cache_node = None
         req.num_computed_tokens = 0
+        if self.tiers is not None:
+            self.tiers.forget(req.request_id)
+
+    def wait_for_io(self, timeout_s: float) -> None:
+        """Nothing to run this step: wait for a prefetch (bounded) instead of spinning."""
+        if self.tiers is not None:
+            self.tiers.wait_for_io(timeout_s)
 
     def reset_cache(self) -> int:
-        """Drop every cached page no running request uses; returns how many were freed."""
-        return len(self.cache.reset()) if self.cache is not None else 0
+        """Drop every cached page no running request uses, and all of L2 (L3 is shared and
+        stays); returns how many L1 pages were freed."""
+        freed = len(self.cache.reset()) if self.cache is not None else 0
+        if self.tiers is not None:
+            self.tiers.clear_host()
+        return freed
 
     def check_integrity(self, running: list[Request]) -> None:
         held: dict[str, list[int]] = {r.request_id: r.pages[r.num_shared_pages :] for r in running}
+        if self.tiers is not None:
+            self.tiers.check_integrity()
         if self.cache is not None:
             self.cache.check_integrity()
             held["prefix-cache"] = sorted(self.cache.cached_pages())

@@ -45,8 +45,8 @@ class Request:
         self.stats.prompt_tokens = self.num_prompt_tokens
         if not self.stats.arrival:
             self.stats.arrival = time.monotonic()
-        if self.params.temperature > 0 and self.params.seed is not None:
-            self.generator = torch.Generator().manual_seed(self.params.seed)
+        if not self.params.greedy and self.params.seed is not None:
+            self.generator = torch.Generator().manual_seed(self.params.seed & 0xFFFF_FFFF_FFFF_FFFF)
 
     @property
     def num_tokens(self) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from kvstrata.config import GREEDY_BELOW
+
 
 class InvalidRequestError(ValueError):
     """A request the user can fix; the server maps it to a 400 with `param` set."""
@@ -36,7 +38,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
     def validate(self, vocab_size: int, max_n: int = 8, max_stop: int = 16) -> None:
         """Raise InvalidRequestError with the offending parameter named."""
@@ -46,6 +48,8 @@ class SamplingParams:
             raise InvalidRequestError(
                 f"temperature must be a finite number >= 0, got {self.temperature}", "temperature"
             )
+        if self.seed is not None and not (-(2**63) <= self.seed < 2**63):
+            raise InvalidRequestError(f"seed must fit in a signed 64-bit integer, got {self.seed}", "seed")
         if not math.isfinite(self.top_p) or not (0.0 < self.top_p <= 1.0):
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         if self.top_k < -1:

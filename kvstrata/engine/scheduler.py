@@ -2,7 +2,8 @@
 
 Each step gives every running request its next tokens (a decode token, or the next prefill chunk
 of at most `chunked_prefill_size`) within `max_num_batched_tokens`, then admits waiting requests
-first-come-first-served while pages, the budget and `max_num_seqs` allow. When a running request
+first-come-first-served while pages, the budget and `max_num_seqs` allow; a request whose prefix is
+being prefetched from L3 (`KVCacheManager.ready`) keeps its place while the ones behind it go on. When a running request
 cannot get pages, the most recently admitted request is preempted by recompute: its pages go back
 (its computed full pages stay in the prefix cache) and it re-enters the front of the queue with
 its generated tokens, so it resumes and finishes with the same output.
@@ -77,18 +78,22 @@ class Scheduler:
                 i += 1
                 continue
             break
-        while self.waiting and budget > 0 and not preempted and len(self.running) < self.cfg.max_num_seqs:
-            req = self.waiting[0]
+        w = 0  # requests whose prefix is still coming from L3 wait in place; the ones behind go on
+        while w < len(self.waiting) and budget > 0 and not preempted and len(self.running) < self.cfg.max_num_seqs:
+            req = self.waiting[w]
+            if not self.kv.ready(req):
+                w += 1
+                continue
             hit = self.kv.admit(req)  # waiting requests hold no pages
             n = self._chunk(req, budget)
             if not self.kv.can_allocate(req, n):
                 self.kv.release(req)  # give the lock back; try again next step
                 break
-            self.waiting.popleft()
+            del self.waiting[w]
             if not req.admitted_once:
                 req.admitted_once = True
-                req.stats.cached_tokens = hit
-                req.stats.tier_tokens["device"] = hit
+                req.stats.cached_tokens = hit.tokens
+                req.stats.tier_tokens.update(hit.by_tier())
             if req.stats.scheduled is None:
                 req.stats.scheduled = time.monotonic()
             req.status = RequestStatus.RUNNING

@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 InsertHook = Callable[[list[bytes], list[int], list[list[int]], bytes | None], None]
 # on_evict(hashes, pages): pages leaving the cache; called while the cache still owns them.
 EvictHook = Callable[[list[bytes], list[int]], None]
+# on_reset(kept): after reset() has evicted (on_evict) what it could; kept = locked pages left.
+ResetHook = Callable[[int], None]
 
 
 class CacheIntegrityError(AssertionError):
@@ -74,6 +76,7 @@ class RadixPrefixCache:
         self.root = root
         self.on_insert: list[InsertHook] = []
         self.on_evict: list[EvictHook] = []
+        self.on_reset: list[ResetHook] = []
         self._top = Node(None, None, root, None, 0)
         self._page_node: dict[int, Node] = {}
         self._num_evictable = 0
@@ -242,7 +245,7 @@ class RadixPrefixCache:
 
     def reset(self) -> list[int]:
         """Changes state (flush): removes every unlocked node; locked paths stay. Calls on_evict,
-        frees the pages to the pool and returns them."""
+        frees the pages to the pool, calls on_reset and returns the freed pages."""
         victims = [n for n in self._page_node.values() if not n.lock_ref]  # whole unlocked subtrees
         for node in victims:
             parent: Node = node.parent  # type: ignore[assignment]
@@ -257,7 +260,10 @@ class RadixPrefixCache:
         self._num_evictable -= len(victims)
         self._lru = []  # no unlocked node is left
         logger.info("prefix_cache_reset freed=%d kept=%d", len(victims), len(self._page_node))
-        return self._release(victims).pages
+        freed = self._release(victims).pages
+        for hook in self.on_reset:
+            hook(len(self._page_node))
+        return freed
 
     def check_integrity(self) -> None:
         """Check the invariants in the module docstring; raise CacheIntegrityError."""

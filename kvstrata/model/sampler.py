@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kvstrata.config import GREEDY_BELOW
+
 
 @dataclass
 class SampleSpec:
@@ -42,7 +44,7 @@ def sample(logits: torch.Tensor, specs: list[SampleSpec]) -> list[int]:
     """logits: [S, V] float32, one row per spec."""
     out = torch.argmax(logits, dim=-1).tolist()
     for row, spec in enumerate(specs):
-        if spec.temperature == 0.0:
+        if spec.temperature < GREEDY_BELOW:
             continue
         row_logits = _filter_top_k_top_p(logits[row] / spec.temperature, spec.top_k, spec.top_p)
         out[row] = multinomial_sample_one_no_sync(row_logits.softmax(-1), spec.generator)

@@ -1,4 +1,4 @@
-"""Operational routes: Prometheus `/metrics` and `POST /flush_cache`."""
+"""Operational routes: Prometheus `/metrics`, `POST /flush_cache`, `GET /response_cache` and its flush."""
 from __future__ import annotations
 
 from fastapi import FastAPI
@@ -19,3 +19,13 @@ def install_admin_routes(app: FastAPI, state: ServerState) -> None:
         engine = state.ready_engine()
         freed = await engine.call(lambda eng: eng.flush_cache())
         return JSONResponse({"status": "ok", "freed_pages": freed})
+
+    @app.get("/response_cache")
+    async def response_cache() -> JSONResponse:
+        """size, list_size, entries, fixed_keys, hits, misses, evictions (and whether it is on)."""
+        return JSONResponse(state.response_cache.stats())
+
+    @app.post("/response_cache/flush")
+    async def flush_response_cache() -> JSONResponse:
+        """Drop every stored response (fixed keys stay fixed, counters keep counting)."""
+        return JSONResponse({"status": "ok", "flushed_keys": state.response_cache.flush()})

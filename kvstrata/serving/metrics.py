@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from kvstrata.engine.outputs import RequestOutput
+from kvstrata.serving.tier_metrics import TierCollector
 
 if TYPE_CHECKING:
     from kvstrata.engine.async_engine import AsyncEngine
@@ -56,6 +57,19 @@ class Metrics:
         self.waiting = Gauge(P + "num_requests_waiting", "Requests waiting for admission", registry=r)
         self.kv_usage = Gauge(P + "kv_cache_usage_perc", "Fraction of KV pages in use (0-1)", registry=r)
         self.cached_pages = Gauge(P + "prefix_cache_pages", "Pages held by the prefix cache", registry=r)
+        # the response cache counts these (response_cache_service.py); entries is read at scrape time
+        self.response_cache_hits = Counter(
+            P + "response_cache_hits", "Requests answered from the response cache", registry=r
+        )
+        self.response_cache_misses = Counter(
+            P + "response_cache_misses", "Cacheable requests the response cache sent to the model", registry=r
+        )
+        self.response_cache_evictions = Counter(
+            P + "response_cache_evictions", "Keys the response cache evicted (LRU)", registry=r
+        )
+        self.response_cache_entries = Gauge(
+            P + "response_cache_entries", "Keys holding results in the response cache", registry=r
+        )
         self._last_output: dict[str, float] = {}
 
     def bind(self, engine: AsyncEngine) -> None:
@@ -68,6 +82,11 @@ class Metrics:
         cache = eng.prefix_cache
         self.cached_pages.set_function(lambda: cache.num_cached_pages if cache is not None else 0)
         engine.on_output.append(self.observe)
+        tiers = getattr(eng, "tiers", None)
+        if tiers is not None:  # L2/L3 counters, read at scrape time
+            for tier in ("host", "store"):
+                self.cache_hits.labels(tier=tier)
+            self.registry.register(TierCollector(tiers.stats))
 
     def observe(self, out: RequestOutput) -> None:
         now = time.monotonic()

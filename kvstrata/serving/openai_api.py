@@ -1,8 +1,10 @@
 """The OpenAI-compatible FastAPI app: /v1/chat/completions, /v1/completions, /v1/models, /health.
 
-A route validates (protocol.py), fans the choices into the engine and merges them (streaming.py),
-then answers with one JSON body or an SSE stream. A client that disconnects aborts its engine
-requests: non-streaming routes poll `request.is_disconnected()`; a stream's generator is closed.
+A route validates (protocol.py), asks the response cache (response_cache_service.py: a hit is
+replayed without the engine), fans the choices into the engine and merges them (streaming.py),
+then answers with one JSON body or an SSE stream, each with the `x-kvstrata-cache` header. A
+client that disconnects aborts its engine requests: non-streaming routes poll
+`request.is_disconnected()`; a stream's generator is closed.
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -26,6 +28,10 @@ from kvstrata.serving.protocol import (
     prepare_chat,
     prepare_completion,
 )
+from kvstrata.serving.rank_info import install_rank_info_route
+from kvstrata.serving.response_cache_key import CHAT, COMPLETIONS
+from kvstrata.serving.response_cache_replay import replay
+from kvstrata.serving.response_cache_service import Ticket
 from kvstrata.serving.state import ServerState
 from kvstrata.serving.streaming import (
     ResponseShape,
@@ -84,33 +90,65 @@ async def _collect(
     return [("".join(t), r) for t, r in zip(texts, reasons)]
 
 
+def _request_id(chat: bool) -> str:
+    return f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+
+
 async def _serve(
-    request: Request, engine: AsyncEngine, prepared: PreparedRequest, chat: bool, stream: bool, include_usage: bool
+    request: Request, engine: AsyncEngine, prepared: PreparedRequest, chat: bool, stream: bool, include_usage: bool,
+    ticket: Ticket,
 ) -> Response:
-    request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    request_id = _request_id(chat)
     shape = ResponseShape(chat, request_id, engine.served_model_name)
     jobs = fan_out(request_id, prepared)
     usage = UsageTracker([len(p) for p in prepared.prompts], prepared.params.n)
     logger.debug(
-        "request_start request_id=%s prompts=%d prompt_tokens=%s n=%d max_tokens=%d stream=%s",
+        "request_start request_id=%s prompts=%d prompt_tokens=%s n=%d max_tokens=%d stream=%s cache=%s",
         request_id, len(prepared.prompts), usage.prompt_lens, prepared.params.n, prepared.params.max_tokens, stream,
+        ticket.status,
     )
-    outputs = merge_choices(engine, jobs)
+    outputs = ticket.record(merge_choices(engine, jobs), usage.prompt_lens, prepared.params.n)
+    streaming = False
     try:
         if stream:
             first = await _until_disconnect(request, _first(outputs))  # errors before a token get a status
             raise_if_failed(first[1])
             body = sse_events(shape, first, outputs, usage, len(jobs), include_usage)
-            return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            streaming = True  # the stream's end releases the ticket
+            headers = {"Cache-Control": "no-cache", **ticket.headers}
+            return StreamingResponse(body, media_type="text/event-stream", headers=headers)
         results = await _until_disconnect(request, _collect(outputs, usage, len(jobs)))
     except ClientDisconnected:
         logger.info("client_disconnected request_id=%s", request_id)
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
+        return Response(status_code=CLIENT_CLOSED_REQUEST, headers=ticket.headers)
     except BaseException:
         await outputs.aclose()  # type: ignore[attr-defined]
         raise
+    finally:
+        if not streaming:
+            ticket.release()
     choices = [shape.choice(i, text, reason) for i, (text, reason) in enumerate(results)]
-    return JSONResponse({**shape.header(streaming=False), "choices": choices, "usage": usage.body()})
+    body = {**shape.header(streaming=False), "choices": choices, "usage": usage.body()}
+    return JSONResponse(body, headers=ticket.headers)
+
+
+async def _serve_cached(
+    state: ServerState, request: Request, req: ChatCompletionRequest | CompletionRequest,
+    prepare: Callable[[Any, AsyncEngine], PreparedRequest],
+) -> Response:
+    """Answer from the response cache on a hit; otherwise prepare and serve (and maybe keep) it."""
+    engine = state.ready_engine()
+    chat = isinstance(req, ChatCompletionRequest)
+    ticket = await state.response_cache.lookup(CHAT if chat else COMPLETIONS, req, request, engine)
+    if ticket.value is not None:
+        shape = ResponseShape(chat, _request_id(chat), engine.served_model_name)
+        return replay(ticket.value, shape, req.stream, req.include_usage, ticket.headers)
+    try:
+        prepared = prepare(req, engine)
+    except BaseException:
+        ticket.release()
+        raise
+    return await _serve(request, engine, prepared, chat, req.stream, req.include_usage, ticket)
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -144,15 +182,12 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
-        engine = state.ready_engine()
-        prepared = prepare_chat(req, engine)
-        return await _serve(request, engine, prepared, True, req.stream, req.include_usage)
+        return await _serve_cached(state, request, req, prepare_chat)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
-        engine = state.ready_engine()
-        prepared = prepare_completion(req, engine)
-        return await _serve(request, engine, prepared, False, req.stream, req.include_usage)
+        return await _serve_cached(state, request, req, prepare_completion)
 
     install_admin_routes(app, state)
+    install_rank_info_route(app, state)  # /v1/kvstrata/info, for the DP gateway
     return app

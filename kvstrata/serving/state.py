@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig, ServerConfig
 from kvstrata.serving.errors import APIError
 from kvstrata.serving.metrics import Metrics
+from kvstrata.serving.response_cache_service import ResponseCacheService
 
 if TYPE_CHECKING:
     from kvstrata.engine.async_engine import AsyncEngine
@@ -26,9 +27,12 @@ class ServerState:
     engine: AsyncEngine | None = None
     load_error: str | None = None
     metrics: Metrics = field(init=False)
+    response_cache: ResponseCacheService = field(init=False)
 
     def __post_init__(self) -> None:
         self.metrics = Metrics(log_request_stats=self.server_cfg.enable_log_request_stats)
+        # raises ValueError on a bad --response-cache-* flag: refused at start, before the port binds
+        self.response_cache = ResponseCacheService(self.server_cfg, self.metrics)
 
     def publish(self, engine: AsyncEngine) -> None:
         """Make a loaded engine visible to the routes (metrics observe it from its first request)."""

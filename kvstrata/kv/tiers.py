@@ -1,0 +1,138 @@
+"""KVTiers: L2 (host memory) and L3 (a store) behind the L1 radix cache.
+
+How a page moves (hashes are the page hash chain; the radix tree holds no tier fields):
+
+    L1 insert ──on_insert──▶ StoreWriter: snapshot now, write to L3 later (I/O thread)
+    L1 evict ──on_evict──▶ HostTier.put_from_pool (copied before the page is reused)
+    admission: L1 match ─▶ HostTier.match(the next hashes) ─▶ copy into fresh L1 pages, insert
+    before admission: Prefetcher L3 ─▶ HostTier.put_bytes (engine thread), then the L2 path above
+
+Ownership: a page lives in L1 (the radix cache or a request), and independently as a copy in L2
+(by hash, LRU) and in L3 (by hash, shared). Copies never alias L1 memory, so each tier evicts on
+its own. The KVCacheManager (engine) drives admission; this class knows pages and hashes only.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+from kvstrata.kv.hashing import hash_pages
+from kvstrata.kv.host_tier import HostTier
+from kvstrata.kv.prefetcher import Fetched, Prefetcher
+from kvstrata.kv.radix import Match, RadixPrefixCache
+from kvstrata.kv.store.guard import GuardedStore
+from kvstrata.kv.store_writer import StoreWriter
+from kvstrata.kv.tier_stats import TierStats
+
+logger = logging.getLogger(__name__)
+
+
+class KVTiers:
+    def __init__(
+        self,
+        cache: RadixPrefixCache,
+        host: HostTier,
+        stats: TierStats,
+        writer: StoreWriter | None = None,
+        prefetcher: Prefetcher | None = None,
+    ) -> None:
+        self.cache = cache
+        self.pool = cache.pool
+        self.page_size = cache.page_size
+        self.host = host
+        self.stats = stats
+        self.writer = writer
+        self.prefetcher = prefetcher
+        self._from_store: dict[str, set[bytes]] = {}  # request key -> hashes its prefetch put in L2
+        cache.on_evict.append(self._on_evict)
+        if writer is not None:
+            cache.on_insert.append(self._on_insert)
+
+    @property
+    def store(self) -> GuardedStore | None:
+        return self.writer.store if self.writer is not None else None
+
+    # -- hooks (engine thread) -------------------------------------------------------------------
+
+    def _on_evict(self, hashes: list[bytes], pages: list[int]) -> None:
+        n = self.host.put_from_pool(self.pool, hashes, pages)
+        self.stats.wrote("host", n, n * self.host.page_bytes)
+
+    def _on_insert(self, hashes: list[bytes], pages: list[int], token_lists: list[list[int]], parent: bytes | None) -> None:
+        assert self.writer is not None
+        self.writer.submit(self.pool, hashes, pages)
+
+    # -- admission (engine thread) ---------------------------------------------------------------
+
+    def hashes_after(self, tokens: Sequence[int], extra_key: str | None, match: Match) -> list[bytes]:
+        """Chain hashes of the matchable pages after the L1 hit (never the last token's page)."""
+        end = (len(tokens) - 1) // self.page_size * self.page_size
+        if end <= match.num_tokens:
+            return []
+        parent = match.hashes[-1] if match.hashes else None
+        return hash_pages(tokens[match.num_tokens : end], self.page_size, self.cache.root, extra_key, parent)
+
+    def load_host(self, hashes: list[bytes], pages: list[int]) -> None:
+        """Copy L2 pages into fresh L1 pages."""
+        self.host.load_into_pool(self.pool, hashes, pages)
+        self.stats.read("host", len(pages), len(pages) * self.host.page_bytes)
+
+    def prefetch_ready(self, key: str, tokens: Sequence[int], extra_key: str | None) -> bool:
+        """False while this request should wait for L3: starts the prefetch on first call, puts
+        the fetched pages into L2 once it finishes or its deadline passes."""
+        pf = self.prefetcher
+        if pf is None:
+            return True
+        if key not in pf:
+            if not pf.store.available:
+                return True
+            hashes = self.hashes_after(tokens, extra_key, self.cache.match(tokens, extra_key))
+            rest = hashes[self.host.match(hashes) :]
+            if len(rest) < pf.policy.min_pages:
+                return True
+            pf.start(key, rest)
+            return False
+        fetched = pf.poll(key)
+        if fetched is None:
+            return False
+        self._install(key, fetched)
+        return True
+
+    def _install(self, key: str, fetched: Fetched) -> None:
+        stored = [h for h, p in zip(fetched.hashes, fetched.payloads) if self.host.put_bytes(h, p)]
+        self.stats.wrote("host", len(stored), len(stored) * self.host.page_bytes)
+        if self.writer is not None:
+            self.writer.mark_known(stored)
+        if stored:
+            self._from_store[key] = set(stored)
+
+    def take_prefetched(self, key: str) -> set[bytes]:
+        """The hashes this request's prefetch brought into L2 (forgotten after this call)."""
+        return self._from_store.pop(key, set())
+
+    def forget(self, key: str) -> None:
+        """The request left (admitted, aborted): drop its prefetch job and results."""
+        self._from_store.pop(key, None)
+        if self.prefetcher is not None:
+            self.prefetcher.cancel(key)
+
+    def wait_for_io(self, timeout_s: float) -> None:
+        """Nothing to run: sleep until a prefetch finishes (or `timeout_s`) instead of spinning."""
+        if self.prefetcher is not None and self.prefetcher.num_pending:
+            self.prefetcher.wait(timeout_s)
+
+    # -- maintenance -----------------------------------------------------------------------------
+
+    def clear_host(self) -> int:
+        return self.host.clear()
+
+    def close(self, drain_timeout_s: float = 5.0) -> None:
+        """Drain in-flight L3 writes within `drain_timeout_s`, then close the store."""
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+        if self.writer is not None:
+            self.writer.close(drain_timeout_s)
+            self.writer.store.close()
+
+    def check_integrity(self) -> None:
+        self.host.check_integrity()

@@ -1,0 +1,256 @@
+"""Gateway: one OpenAI endpoint in front of N engine ranks; picks a rank per request and streams through.
+
+    POST /v1/chat/completions, /v1/completions
+      parse JSON ─▶ data_parallel_rank? pin : policy.choose(loads, cached match per rank)
+      ─▶ send upstream ─▶ first chunk ─▶ StreamingResponse(first + the rest, as they come)
+
+Nothing is buffered: chunks go out as the rank sends them. A rank that refuses the connection,
+drops it, or answers 502/503/504 before its first byte is marked down and the request moves to the
+next least-loaded ready rank (the client has seen nothing yet). After the first byte a broken
+upstream ends the client's stream. `Gateway.start()` probes the ranks and keeps probing them.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any, AsyncIterator
+
+import httpx
+from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from kvstrata.config import RouterConfig
+from kvstrata.router.policy import Decision, make_policy
+from kvstrata.router.prompt import Prompt, PromptHasher
+from kvstrata.router.metrics import RouterMetrics
+from kvstrata.router.workers import Worker, WorkerPool
+from kvstrata.serving.errors import APIError
+
+logger = logging.getLogger(__name__)
+
+RETRY_STATUSES = (502, 503, 504)
+PASS_HEADERS = ("content-type", "cache-control", "content-encoding", "x-request-id")
+SEND_HEADERS = ("content-type", "authorization", "accept", "x-request-id")
+
+
+class Gateway:
+    def __init__(self, urls: list[str], cfg: RouterConfig) -> None:
+        self.cfg = cfg
+        self.pool = WorkerPool(urls)
+        self.policy = make_policy(cfg)
+        self.metrics = RouterMetrics()
+        self.hasher: PromptHasher | None = None  # loaded once a rank says which model it serves
+        self._hasher_failed = False
+        self._client: httpx.AsyncClient | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        assert self._client is not None, "Gateway.start() first"
+        return self._client
+
+    async def start(self) -> None:
+        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0), limits=limits)
+        self._tasks.append(asyncio.create_task(self._probe_forever()))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.pool.close()
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def _probe_forever(self) -> None:
+        while True:
+            try:
+                await self.pool.probe_all(self.client)
+                if self.hasher is None and self.policy.needs_match and not self._hasher_failed:
+                    await self._load_hasher()
+            except Exception:  # the prober must survive anything a rank answers
+                logger.exception("router_probe_failed")
+            await asyncio.sleep(self.cfg.health_check_interval)
+
+    async def _load_hasher(self) -> None:
+        info = self.pool.first_info()
+        if info is None:
+            return
+        model = self.cfg.router_tokenizer or info["model"]
+        root = bytes.fromhex(info["hash_root"])
+        try:
+            self.hasher = await asyncio.to_thread(PromptHasher.load, model, int(info["page_size"]), root)
+        except (OSError, ValueError) as exc:
+            logger.error("router_tokenizer_failed model=%s error=%s; routing by load only", model, exc)
+            self._hasher_failed = True
+            return
+        roots = {w.info.get("hash_root") for w in self.pool.ready()}
+        if len(roots) > 1:
+            logger.warning("router_hash_roots_differ roots=%d: ranks serve different models or page sizes", len(roots))
+        logger.info("router_tokenizer_ready model=%s page_size=%s", model, info["page_size"])
+
+    # -- routing ---------------------------------------------------------------------------------
+
+    def pinned(self, body: dict[str, Any]) -> Worker | None:
+        rank = body.get("data_parallel_rank")
+        if rank is None:
+            return None
+        n = len(self.pool.workers)
+        if type(rank) is not int or not 0 <= rank < n:
+            raise APIError(
+                400, f"data_parallel_rank must be an integer in [0, {n}), got {rank!r}", param="data_parallel_rank",
+                code="invalid_rank",
+            )
+        return self.pool.workers[rank]
+
+    def choose(self, path: str, body: dict[str, Any], ready: list[Worker]) -> tuple[Worker, Decision, Prompt | None]:
+        prompt = self.hasher.prompt(path, body) if self.hasher is not None and self.policy.needs_match else None
+        ps = self.hasher.page_size if self.hasher is not None else 0
+        loads = [w.load(w.index.match_pages(prompt.hashes) * ps if prompt else 0) for w in ready]
+        decision = self.policy.choose(loads, prompt.num_tokens if prompt else 0)
+        return next(w for w in ready if w.rank == decision.rank), decision, prompt
+
+    def fallbacks(self, tried: set[int]) -> list[Worker]:
+        rest = [w for w in self.pool.ready() if w.rank not in tried]
+        return sorted(rest, key=lambda w: (w.tokens, w.requests))
+
+    # -- proxying --------------------------------------------------------------------------------
+
+    async def proxy(self, path: str, raw: bytes, headers: dict[str, str], started: float) -> Response:
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body is not a JSON object; send one", code="invalid_json")
+        pin = self.pinned(body)
+        ready = self.pool.ready()
+        if pin is not None:
+            if not pin.ready:
+                raise APIError(503, f"rank {pin.rank} is {pin.status}; retry, or drop data_parallel_rank",
+                               "server_error", code="rank_unavailable")
+            worker, decision, prompt = pin, Decision(pin.rank, "pinned"), None
+        elif not ready:
+            raise APIError(503, "no engine rank is ready; retry when GET /health returns 200", "server_error",
+                           code="no_rank_ready")
+        else:
+            worker, decision, prompt = self.choose(path, body, ready)
+        cost = (prompt.num_tokens if prompt else len(raw) // 4) + _max_tokens(body)
+        send = {k: v for k, v in headers.items() if k in SEND_HEADERS}
+        tried: set[int] = set()
+        while True:
+            tried.add(worker.rank)
+            overhead = time.perf_counter() - started
+            worker.requests += 1
+            worker.tokens += cost
+            done = _Release(worker, cost)
+            try:
+                upstream = await self.client.send(
+                    self.client.build_request("POST", worker.url + path, content=raw, headers=send), stream=True
+                )
+                chunks = upstream.aiter_raw()
+                try:
+                    first = await chunks.__anext__()
+                except StopAsyncIteration:
+                    first = b""
+                except BaseException:
+                    await upstream.aclose()
+                    raise
+            except httpx.TransportError as exc:
+                done()
+                self.pool.mark_down(worker, f"{type(exc).__name__} before the first byte")
+                nxt = None if pin is not None else next(iter(self.fallbacks(tried)), None)
+                if nxt is None:
+                    raise APIError(503, f"rank {worker.rank} failed ({type(exc).__name__}) and no other rank is ready",
+                                   "server_error", code="rank_unavailable") from None
+                self.metrics.retries.labels(rank=str(worker.rank)).inc()
+                worker = nxt
+                continue
+            if upstream.status_code in RETRY_STATUSES and pin is None and self.fallbacks(tried):
+                await upstream.aclose()
+                done()
+                self.pool.mark_down(worker, f"HTTP {upstream.status_code}")
+                self.metrics.retries.labels(rank=str(worker.rank)).inc()
+                worker = self.fallbacks(tried)[0]
+                continue
+            break
+        policy = "pinned" if pin is not None else self.policy.name
+        ratio = decision.match_ratio if prompt is not None and worker.rank == decision.rank else None
+        self.metrics.routed(worker.rank, policy, ratio, overhead)
+        if prompt is not None:
+            worker.index.add_routed(prompt.hashes)  # approximate mode only
+        logger.debug("router_route rank=%d reason=%s ratio=%s tries=%d", worker.rank, decision.reason, ratio, len(tried))
+        out_headers = {k: v for k, v in upstream.headers.items() if k in PASS_HEADERS}
+        out_headers["x-kvstrata-rank"] = str(worker.rank)
+        return StreamingResponse(
+            _passthrough(first, chunks, upstream, done), status_code=upstream.status_code, headers=out_headers,
+            background=BackgroundTask(_finish, upstream, done),  # also when the stream never started
+        )
+
+    async def get_json(self, path: str) -> Response:
+        """A GET any ready rank can answer (/v1/models)."""
+        for w in self.pool.ready():
+            try:
+                resp = await self.client.get(w.url + path, timeout=10)
+            except httpx.TransportError as exc:
+                self.pool.mark_down(w, f"{type(exc).__name__} on GET {path}")
+                continue
+            return Response(resp.content, status_code=resp.status_code, media_type="application/json")
+        raise APIError(503, "no engine rank is ready; retry when GET /health returns 200", "server_error",
+                       code="no_rank_ready")
+
+    async def fan_out(self, method: str, path: str) -> dict[int, httpx.Response | None]:
+        """The same request to every ready rank at once (metrics, flush); None where it failed."""
+        ready = self.pool.ready()
+
+        async def one(w: Worker) -> httpx.Response | None:
+            try:
+                return await self.client.request(method, w.url + path, timeout=10)
+            except httpx.HTTPError:
+                return None
+
+        results = await asyncio.gather(*(one(w) for w in ready))
+        return {w.rank: r for w, r in zip(ready, results)}
+
+
+class _Release:
+    """Undo a request's in-flight load on its rank, exactly once (stream end, error or disconnect)."""
+
+    def __init__(self, worker: Worker, cost: int) -> None:
+        self.worker, self.cost, self.done = worker, cost, False
+
+    def __call__(self) -> None:
+        if not self.done:
+            self.done = True
+            self.worker.requests -= 1
+            self.worker.tokens -= self.cost
+
+
+async def _passthrough(
+    first: bytes, chunks: AsyncIterator[bytes], upstream: httpx.Response, release: _Release
+) -> AsyncIterator[bytes]:
+    try:
+        if first:
+            yield first
+        async for chunk in chunks:
+            yield chunk
+    except httpx.HTTPError as exc:
+        logger.warning("router_stream_broken rank=%d error=%s", release.worker.rank, type(exc).__name__)
+    finally:
+        release()
+        await upstream.aclose()
+
+
+async def _finish(upstream: httpx.Response, release: _Release) -> None:
+    release()
+    await upstream.aclose()
+
+
+def _max_tokens(body: dict[str, Any]) -> int:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if type(value) is int and value > 0:
+            return value
+    return 16

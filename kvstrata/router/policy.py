@@ -1,0 +1,110 @@
+"""Routing policies: given each ready rank's load (and cached match), which rank gets a request.
+
+| policy        | picks                                                                           |
+|---------------|---------------------------------------------------------------------------------|
+| round_robin   | the next rank in turn                                                           |
+| least_load    | the fewest in-flight tokens (then requests; exact ties rotate)                  |
+| cache_aware   | balanced and best match > threshold: longest match (ties: least loaded);        |
+|               | otherwise the least-loaded rank, never "the smallest tree" regardless of load    |
+
+"Balanced" is SGLang router's test on in-flight requests: the loads are unbalanced when
+`max - min > balance_abs_threshold` and `max > min * balance_rel_threshold`.
+Policies are pure: no I/O, no clocks; the gateway gives them `RankLoad`s and records the Decision.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from kvstrata.config import RouterConfig
+
+
+@dataclass(frozen=True)
+class RankLoad:
+    rank: int
+    requests: int = 0  # in flight through the gateway
+    tokens: int = 0  # prompt + max_tokens of those requests
+    match_tokens: int = 0  # prompt tokens this rank already holds in its prefix cache
+
+
+@dataclass(frozen=True)
+class Decision:
+    rank: int
+    reason: str  # round_robin | least_load | cache_match | cache_miss | imbalanced
+    match_ratio: float = 0.0  # the chosen rank's cached share of the prompt
+
+
+class Policy:
+    name = "base"
+    needs_match = False  # whether the gateway must tokenize and match the prompt
+
+    def __init__(self, cfg: RouterConfig) -> None:
+        self.cfg = cfg
+        self._turn = 0  # rotation for round robin and for exact ties
+
+    def choose(self, ranks: Sequence[RankLoad], prompt_tokens: int) -> Decision:
+        raise NotImplementedError
+
+    def least_loaded(self, ranks: Sequence[RankLoad]) -> RankLoad:
+        """Fewest in-flight tokens, then requests; exact ties go to the next rank in rotation."""
+        n = max(r.rank for r in ranks) + 1
+        best = min(ranks, key=lambda r: (r.tokens, r.requests, (r.rank - self._turn) % n))
+        self._turn = best.rank + 1
+        return best
+
+    @staticmethod
+    def ratio(rank: RankLoad, prompt_tokens: int) -> float:
+        return rank.match_tokens / prompt_tokens if prompt_tokens > 0 else 0.0
+
+
+class RoundRobin(Policy):
+    name = "round_robin"
+
+    def choose(self, ranks: Sequence[RankLoad], prompt_tokens: int) -> Decision:
+        ordered = sorted(ranks, key=lambda r: r.rank)
+        pick = next((r for r in ordered if r.rank >= self._turn), ordered[0])
+        self._turn = pick.rank + 1
+        return Decision(pick.rank, self.name, self.ratio(pick, prompt_tokens))
+
+
+class LeastLoad(Policy):
+    name = "least_load"
+
+    def choose(self, ranks: Sequence[RankLoad], prompt_tokens: int) -> Decision:
+        pick = self.least_loaded(ranks)
+        return Decision(pick.rank, self.name, self.ratio(pick, prompt_tokens))
+
+
+class CacheAware(Policy):
+    name = "cache_aware"
+    needs_match = True
+
+    def balanced(self, ranks: Sequence[RankLoad]) -> bool:
+        lo = min(r.requests for r in ranks)
+        hi = max(r.requests for r in ranks)
+        return not (hi - lo > self.cfg.balance_abs_threshold and hi > lo * self.cfg.balance_rel_threshold)
+
+    def choose(self, ranks: Sequence[RankLoad], prompt_tokens: int) -> Decision:
+        if not self.balanced(ranks):
+            pick = self.least_loaded(ranks)
+            return Decision(pick.rank, "imbalanced", self.ratio(pick, prompt_tokens))
+        longest = max(r.match_tokens for r in ranks)
+        if prompt_tokens > 0 and longest / prompt_tokens > self.cfg.cache_threshold:
+            pick = self.least_loaded([r for r in ranks if r.match_tokens == longest])
+            return Decision(pick.rank, "cache_match", self.ratio(pick, prompt_tokens))
+        pick = self.least_loaded(ranks)
+        return Decision(pick.rank, "cache_miss", self.ratio(pick, prompt_tokens))
+
+
+POLICIES: dict[str, Callable[[RouterConfig], Policy]] = {
+    "round_robin": RoundRobin,
+    "least_load": LeastLoad,
+    "cache_aware": CacheAware,
+}
+
+
+def make_policy(cfg: RouterConfig) -> Policy:
+    try:
+        return POLICIES[cfg.policy](cfg)
+    except KeyError:
+        raise ValueError(f"unknown routing policy {cfg.policy!r}; choose one of {sorted(POLICIES)}") from None

@@ -1,0 +1,89 @@
+"""Routing policies as tables: given each rank's load and cached match, which rank gets the request."""
+from __future__ import annotations
+
+import pytest
+
+from kvstrata.config import RouterConfig
+from kvstrata.kv.event_wire import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
+from kvstrata.router.cache_index import RankCacheIndex
+from kvstrata.router.policy import CacheAware, LeastLoad, RankLoad, RoundRobin, make_policy
+
+CFG = RouterConfig()  # cache_threshold 0.3, balance_abs_threshold 64, balance_rel_threshold 1.5
+
+
+def ranks(*rows: tuple[int, int, int]) -> list[RankLoad]:
+    """(requests in flight, tokens in flight, matched tokens) per rank."""
+    return [RankLoad(i, req, tok, match) for i, (req, tok, match) in enumerate(rows)]
+
+
+# prompt of 1000 tokens throughout
+CACHE_AWARE_TABLE = [
+    # (requests, tokens, match) per rank                 -> rank, reason
+    ([(0, 0, 900), (0, 0, 0)], 0, "cache_match"),  # longest match wins
+    ([(5, 9000, 900), (0, 0, 100)], 0, "cache_match"),  # busier, but balanced (5 - 0 <= 64)
+    ([(0, 0, 100), (3, 3000, 800)], 1, "cache_match"),
+    ([(70, 70000, 900), (2, 2000, 0)], 1, "imbalanced"),  # 68 > 64 and 70 > 1.5 * 2: least loaded
+    ([(70, 70000, 900), (60, 60000, 0)], 0, "cache_match"),  # 10 apart: still balanced
+    ([(0, 5000, 300), (0, 100, 0)], 1, "cache_miss"),  # 0.3 is not > 0.3: least tokens
+    ([(0, 5000, 301), (0, 100, 0)], 0, "cache_match"),
+    ([(2, 800, 900), (1, 900, 900)], 0, "cache_match"),  # tie on match: fewer tokens in flight
+    ([(0, 0, 0), (0, 0, 0), (1, 10, 0)], 0, "cache_miss"),  # nothing cached: least loaded
+]
+
+
+@pytest.mark.parametrize("rows, want, reason", CACHE_AWARE_TABLE)
+def test_cache_aware_table(rows: list[tuple[int, int, int]], want: int, reason: str) -> None:
+    d = CacheAware(CFG).choose(ranks(*rows), 1000)
+    assert (d.rank, d.reason) == (want, reason)
+    assert d.match_ratio == rows[want][2] / 1000
+
+
+def test_cache_aware_imbalance_needs_both_thresholds() -> None:
+    policy = CacheAware(CFG)
+    # 100 - 50 = 50 <= 64: balanced, the match wins even though rank 0 has twice the requests
+    assert policy.choose(ranks((100, 1, 900), (50, 1000, 0)), 1000).rank == 0
+    # 200 - 130 = 70 > 64 but 200 <= 1.5 * 130: balanced
+    assert policy.choose(ranks((200, 1, 900), (130, 1000, 0)), 1000).rank == 0
+    # 200 - 100 = 100 > 64 and 200 > 150: unbalanced, least loaded (tokens) wins
+    assert policy.choose(ranks((200, 1, 900), (100, 1000, 0)), 1000).reason == "imbalanced"
+
+
+def test_cache_aware_never_piles_onto_the_biggest_cache_when_nothing_matches() -> None:
+    """SGLang's old death spiral: 'smallest tree' regardless of load. Here a miss goes by load."""
+    policy = CacheAware(CFG)
+    picks = [policy.choose(ranks((0, 0, 0), (0, 0, 0)), 500).rank for _ in range(4)]
+    assert picks == [0, 1, 0, 1]  # exact ties rotate
+    assert policy.choose(ranks((1, 2000, 0), (3, 1500, 0)), 500).rank == 1  # fewest tokens, not requests
+
+
+def test_round_robin_and_least_load() -> None:
+    rr = RoundRobin(CFG)
+    assert [rr.choose(ranks((9, 9, 900), (0, 0, 0), (0, 0, 0)), 1000).rank for _ in range(4)] == [0, 1, 2, 0]
+    assert rr.choose([RankLoad(0), RankLoad(2)], 10).rank == 2  # rank 1 is down: skipped
+    ll = LeastLoad(CFG)
+    assert ll.choose(ranks((1, 500, 900), (4, 400, 0)), 1000).rank == 1
+    assert ll.choose(ranks((1, 500, 0), (0, 500, 0)), 1000).rank == 1  # same tokens: fewer requests
+    assert make_policy(RouterConfig(policy="least_load")).name == "least_load"
+    with pytest.raises(ValueError, match="unknown routing policy 'random'"):
+        make_policy(RouterConfig(policy="random"))
+
+
+def test_index_match_is_the_leading_run_of_cached_pages() -> None:
+    index = RankCacheIndex(exact=True)
+    index.apply(EventBatch(0.0, [BlockStored([1, 2, 3], None, [], 16, None, "GPU")], 0))
+    assert index.match_pages([1, 2, 3, 4]) == 3
+    assert index.match_pages([1, 9, 3]) == 1
+    index.apply(EventBatch(0.0, [BlockRemoved([2], "GPU")], 0))
+    assert index.match_pages([1, 2, 3]) == 1
+    index.add_routed([7, 8])  # exact mode: only events change it
+    assert index.match_pages([7]) == 0
+    index.apply(EventBatch(0.0, [AllBlocksCleared()], 0))
+    assert len(index) == 0
+
+
+def test_approximate_index_forgets_least_recently_routed() -> None:
+    index = RankCacheIndex(exact=False, capacity=4)
+    index.add_routed([1, 2, 3])
+    index.add_routed([10, 11])  # over capacity: page 1 (least recent) goes
+    assert index.match_pages([1, 2]) == 0 and index.match_pages([10, 11]) == 2
+    assert index.blocks() == {2, 3, 10, 11}
