@@ -1,0 +1,64 @@
+"""The paged forward equals transformers' on tiny random Llama, Qwen2 (q/k/v biases) and Qwen3
+(q/k norms) checkpoints, in float32, for a prompt and for decode steps through the page table."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from kvstrata.kv.pool import PagePool
+from kvstrata.model.attention import AttentionMetadata, PrefillSeq, make_attention_backend
+from kvstrata.model.llama import LlamaModel
+from kvstrata.model.weights import load_weights
+
+COMMON = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+
+
+def _save(kind: str, out: Path) -> Any:
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if kind == "llama":
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(**COMMON, rope_theta=10000.0))
+    elif kind == "qwen2":
+        model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**COMMON, tie_word_embeddings=False))
+    else:
+        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**COMMON, head_dim=32, tie_word_embeddings=True))
+    for p in model.parameters():  # random biases/norms too, so a missing one would show
+        torch.nn.init.normal_(p, std=0.2)
+    model.save_pretrained(out)
+    return model.eval()
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_forward_matches_transformers(kind: str, tmp_path: Path) -> None:
+    ref = _save(kind, tmp_path)
+    w = load_weights(tmp_path)
+    a = w.arch
+    ours = LlamaModel(a, w.tensors, torch.float32, torch.device("cpu"), make_attention_backend("torch_sdpa"))
+    ps = 4
+    pool = PagePool(16, ps, a.num_layers, a.num_kv_heads, a.head_dim, torch.float32)
+    pages = [5, 2, 9, 0, 7, 11]  # a scattered page table
+    ids = torch.randint(0, 512, (13,))
+    with torch.inference_mode():
+        want = ref(ids[None]).logits[0]  # [13, V]
+
+    def slots(lo: int, hi: int) -> torch.Tensor:
+        return torch.tensor([pages[p // ps] * ps + p % ps for p in range(lo, hi)])
+
+    n = 10  # prefill 10 tokens as one chunk, then decode 3 one at a time
+    meta = AttentionMetadata(ps, slots(0, n), [PrefillSeq(0, n, n, torch.tensor(pages[:3]))])
+    got = ours.forward(ids[:n], torch.arange(n), meta, pool.k, pool.v, torch.arange(n))
+    torch.testing.assert_close(got, want[:n], atol=1e-4, rtol=1e-4)
+    for pos in range(n, 13):
+        npages = pos // ps + 1
+        meta = AttentionMetadata(
+            ps, slots(pos, pos + 1), [], decode_rows=torch.tensor([0]),
+            decode_pages=torch.tensor([pages[:npages]]),
+            decode_mask=(torch.arange(npages * ps) <= pos)[None, None, None, :], decode_lens=[pos + 1],
+        )
+        got = ours.forward(ids[pos : pos + 1], torch.tensor([pos]), meta, pool.k, pool.v, torch.tensor([0]))
+        torch.testing.assert_close(got[0], want[pos], atol=1e-4, rtol=1e-4)
