@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import fields
 
 from kvstrata.config import (
     CacheConfig,
@@ -12,6 +13,7 @@ from kvstrata.config import (
     SchedulerConfig,
     ServerConfig,
     add_arguments,
+    ConfigError,
     from_namespace,
 )
 
@@ -71,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     route = sub.add_parser("route", help="the cache-aware gateway in front of ranks started anywhere")
     route.add_argument("--worker", action="append", required=True, metavar="URL",
                        help="a rank's base URL (http://host:port); repeat, in rank order")
-    add_arguments(route, ServerConfig, exclude=("dp_size", "enable_log_request_stats"))
+    gateway_fields = ("host", "port", "log_level")
+    add_arguments(route, ServerConfig, exclude=tuple(f.name for f in fields(ServerConfig) if f.name not in gateway_fields))
     add_arguments(route, RouterConfig)
     route.set_defaults(func=_route)
 
@@ -86,8 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
-    return int(ns.func(ns) or 0)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        return int(ns.func(ns) or 0)
+    except ConfigError as exc:  # a flag out of range: say which, exit 2 like argparse
+        parser.error(str(exc))
+        return 2
 
 
 if __name__ == "__main__":

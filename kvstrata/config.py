@@ -34,8 +34,8 @@ class ModelConfig:
         choices=["auto", "float32", "bfloat16", "float16"],
     )
     device: str = opt("cpu", "torch device: cpu or cuda[:N]")
-    max_model_len: int | None = opt(None, "context length limit (default: the model's own)")
-    num_threads: int | None = opt(None, "torch intra-op threads on CPU (default: all cores)")
+    max_model_len: int | None = opt(None, "context length limit (default: the model's own)", min=2)
+    num_threads: int | None = opt(None, "torch intra-op threads on CPU (default: all cores)", min=1)
     attention_backend: str = opt("torch_sdpa", "attention implementation", choices=["torch_sdpa"])
     seed: int = opt(0, "global seed for requests that give none")
 
@@ -48,13 +48,14 @@ class ModelConfig:
 @dataclass(frozen=True)
 class CacheConfig:
     max_total_tokens: int | None = opt(
-        None, "KV pool size in tokens (default: from --kv-cache-memory)"
+        None, "KV pool size in tokens (default: from --kv-cache-memory)", min=1
     )
-    kv_cache_memory: float = opt(1.0, "KV pool size in GB when --max-total-tokens is not given")
+    kv_cache_memory: float = opt(1.0, "KV pool size in GB when --max-total-tokens is not given", min=1e-6)
     page_size: int = opt(
         16,
         "tokens per KV page, the prefix-reuse boundary",
         aliases=["--prefix-granularity"],
+        min=1,
     )
     enable_prefix_caching: bool = opt(
         True,
@@ -100,17 +101,17 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = opt(64, "most requests running at once")
-    max_num_batched_tokens: int = opt(2048, "most tokens computed in one engine step")
-    chunked_prefill_size: int = opt(512, "most prompt tokens one request prefills per step")
-    max_n: int = opt(8, "largest `n` (choices per request) accepted")
-    max_stop_strings: int = opt(16, "most stop strings per request")
+    max_num_seqs: int = opt(64, "most requests running at once", min=1)
+    max_num_batched_tokens: int = opt(2048, "most tokens computed in one engine step", min=1)
+    chunked_prefill_size: int = opt(512, "most prompt tokens one request prefills per step", min=1)
+    max_n: int = opt(8, "largest `n` (choices per request) accepted", min=1)
+    max_stop_strings: int = opt(16, "most stop strings per request", min=0)
 
 
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = opt("127.0.0.1", "address to listen on")
-    port: int = opt(8000, "port to listen on")
+    port: int = opt(8000, "port to listen on", min=0, max=65535)
     enable_log_request_stats: bool = opt(False, "log one key=value line per finished request")
     log_level: str = opt("info", "log level", choices=["debug", "info", "warning", "error"])
     # Response cache (kvstrata/serving/response_cache.py); EnergonAI's flag spellings as aliases.
@@ -186,6 +187,24 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, exclude: tuple[str
         )
 
 
+class ConfigError(ValueError):
+    """A configuration value outside what kvstrata accepts."""
+
+
+def check_config(cfg: Any) -> None:
+    """Raise ConfigError naming the flag when a field is outside its `min`/`max` metadata."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if value is None or isinstance(value, bool):
+            continue
+        lo, hi = f.metadata.get("min"), f.metadata.get("max")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            bounds = f">= {lo}" if hi is None else f"between {lo} and {hi}"
+            raise ConfigError(f"{_flag(f.name)} must be {bounds}, got {value}")
+
+
 def from_namespace(cls: type[T], ns: argparse.Namespace) -> T:
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    return cls(**{k: v for k, v in vars(ns).items() if k in names})
+    cfg = cls(**{k: v for k, v in vars(ns).items() if k in names})
+    check_config(cfg)
+    return cfg

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig
+from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig, check_config
 from kvstrata.engine.kv_manager import KVCacheManager
 from kvstrata.engine.output_processor import OutputProcessor
 from kvstrata.engine.outputs import RequestOutput
@@ -47,6 +47,8 @@ class EngineInfo:
 class Engine:
     def __init__(self, model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: SchedulerConfig) -> None:
         t0 = time.monotonic()
+        for cfg in (model_cfg, cache_cfg, sched_cfg):
+            check_config(cfg)
         if model_cfg.num_threads:
             torch.set_num_threads(model_cfg.num_threads)
         path = resolve_model(model_cfg.model)
