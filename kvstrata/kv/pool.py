@@ -55,6 +55,9 @@ class PagePool:
     def num_in_use(self) -> int:
         return len(self._in_use)
 
+    def is_in_use(self, page: int) -> bool:
+        return page in self._in_use
+
     def can_alloc(self, n: int) -> bool:
         return n <= len(self._free)
 

@@ -242,7 +242,6 @@ class RadixPrefixCache:
             raise CacheIntegrityError(msg)
 
         heap_entries = {(id(n), stamp) for stamp, _, n in self._lru}
-        in_use = self.pool._in_use  # noqa: SLF001  TODO: ask PagePool for a public query
         seen: dict[int, Node] = {}
         evictable = 0
         for sub in self._top.children.values():
@@ -262,7 +261,7 @@ class RadixPrefixCache:
                     if child.page in seen:
                         fail(f"page {child.page} cached twice")
                     seen[child.page] = child
-                    if child.page not in in_use:
+                    if not self.pool.is_in_use(child.page):
                         fail(f"cached page {child.page} is not in use in the pool")
                     if child.lock_ref == 0:
                         evictable += 1
