@@ -56,6 +56,8 @@ class OutputProcessor:
     def output(self, req: Request) -> RequestOutput:
         """The delta since the previous output of this request."""
         st = self._states[req.request_id]
+        if req.finished and req.finish_reason == "length":
+            st.text += st.detok.flush()  # an incomplete character held back at the very end
         end = len(st.text) if req.finished else max(st.sent_chars, len(st.text) - st.holdback)
         new_text = st.text[st.sent_chars : end]
         new_tokens = req.output_token_ids[st.sent_tokens :]
