@@ -61,6 +61,9 @@ class AsyncEngine:
         q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), q)
         self._inbox.put(("add", (request_id, list(prompt_token_ids), params)))
+        if not self.healthy:  # died between the check above and registering: nobody would answer
+            self._streams.pop(request_id, None)
+            raise EngineDeadError("the engine is not running")
         done = False
         try:
             while True:
