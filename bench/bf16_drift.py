@@ -1,0 +1,55 @@
+"""How often bfloat16 greedy output drifts from float32, and whether the prefix cache changes
+bfloat16 output. Prints counts; run: `.venv/bin/python bench/bf16_drift.py [--prompts 24]`."""
+from __future__ import annotations
+
+import argparse
+import random
+
+from kvstrata import LLM, SamplingParams
+
+TOPICS = ["the ocean", "prime numbers", "a red bicycle", "coffee", "volcanoes", "the moon", "Python lists",
+          "photosynthesis", "chess openings", "rainbows", "jazz", "bridges", "honey bees", "glaciers",
+          "the printing press", "sourdough bread", "black holes", "origami", "the Roman empire", "tides",
+          "electric cars", "mushrooms", "lighthouses", "the alphabet"]
+
+
+def first_diff(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prompts", type=int, default=24)
+    ap.add_argument("--tokens", type=int, default=32)
+    ns = ap.parse_args()
+    greedy = SamplingParams(max_tokens=ns.tokens, temperature=0.0)
+    fp32 = LLM("smollm2", dtype="float32", enable_prefix_caching=False)
+    tok = fp32.tokenizer
+    rng = random.Random(0)
+    system = "You are a helpful assistant. " * 8  # a shared prefix the cache will serve
+    prompts = [tok.encode(tok.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": f"Tell me about {t}."}]))
+        for t in rng.sample(TOPICS, min(ns.prompts, len(TOPICS)))]
+    ref = [fp32.generate([p], greedy)[0].token_ids for p in prompts]
+    del fp32
+    off = LLM("smollm2", dtype="bfloat16", enable_prefix_caching=False)
+    bf_off = [off.generate([p], greedy)[0].token_ids for p in prompts]
+    del off
+    on = LLM("smollm2", dtype="bfloat16")
+    bf_on = [on.generate([p], greedy)[0] for p in prompts]  # prompt 2.. hit the shared system prompt
+    hits = sum(1 for o in bf_on if o.cached_tokens > 0)
+    d32 = [first_diff(a, b) for a, b in zip(ref, bf_off)]
+    dcache = [first_diff(a.token_ids, b) for a, b in zip(bf_on, bf_off)]
+    n = len(prompts)
+    print(f"prompts={n} tokens={ns.tokens}")
+    print(f"bf16 (cache off) identical to float32: {d32.count(None)}/{n}; "
+          f"first divergence at tokens {sorted(d for d in d32 if d is not None)}")
+    print(f"bf16 cache on identical to bf16 cache off: {dcache.count(None)}/{n} ({hits} served a cached prefix); "
+          f"first divergence at tokens {sorted(d for d in dcache if d is not None)}")
+
+
+if __name__ == "__main__":
+    main()
