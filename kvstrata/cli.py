@@ -33,13 +33,12 @@ def _serve(ns: argparse.Namespace) -> int:
             server_cfg, from_namespace(RouterConfig, ns),
         )
         return 0
-    run_server(
+    return run_server(  # 0 after a graceful SIGTERM, 1 when the engine died (a supervisor restarts it)
         from_namespace(ModelConfig, ns),
         from_namespace(CacheConfig, ns),
         from_namespace(SchedulerConfig, ns),
         server_cfg,
     )
-    return 0
 
 
 def _route(ns: argparse.Namespace) -> int:
@@ -82,9 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("name", nargs="?", default="smollm2")
     fetch.set_defaults(func=_fetch)
 
+    from kvstrata.analyze.cli import add_analyze_parser
     from kvstrata.bench.cli import add_bench_parser
 
     add_bench_parser(sub)
+    add_analyze_parser(sub)
     return parser
 
 

@@ -79,8 +79,8 @@ class CacheConfig:
         "needs prefix caching",
         flags=("--enable-kvstore", "--disable-kvstore"),
     )
-    kvstore_ratio: float = opt(2.0, "L2 host pages as a multiple of the L1 pages")
-    kvstore_size: float = opt(0.0, "L2 host memory in GB; overrides --kvstore-ratio when > 0")
+    kvstore_ratio: float = opt(2.0, "L2 host pages as a multiple of the L1 pages", min=0.0)
+    kvstore_size: float = opt(0.0, "L2 host memory in GB; overrides --kvstore-ratio when > 0", min=0.0)
     kvstore_storage_backend: str | None = opt(
         None,
         "L3 store shared across restarts, ranks and machines (none: no L3)",
@@ -88,15 +88,15 @@ class CacheConfig:
     )
     kvstore_storage_backend_extra_config: str | None = opt(
         None,
-        'JSON for the backend: file {"path", "max_size_gb"}; redis {"url"}; mooncake '
+        'JSON for the backend: file {"path", "max_size_gb"}; redis {"url", "ttl_s", "timeout_s"}; mooncake '
         '{"master_server_address", "metadata_server", "protocol", "global_segment_size", "local_buffer_size"}',
     )
     kvstore_prefetch_min_pages: int = opt(
-        2, "prefetch from L3 before admission when it holds at least this many more pages than L1+L2"
+        2, "prefetch from L3 before admission when it holds at least this many more pages than L1+L2", min=1
     )
-    kvstore_prefetch_timeout_base_s: float = opt(1.0, "prefetch deadline: base seconds ...")
-    kvstore_prefetch_timeout_per_page_s: float = opt(0.01, "... plus this many seconds per page to fetch")
-    kvstore_prefetch_batch_pages: int = opt(128, "pages per L3 read during a prefetch")
+    kvstore_prefetch_timeout_base_s: float = opt(1.0, "prefetch deadline: base seconds ...", min=0.0)
+    kvstore_prefetch_timeout_per_page_s: float = opt(0.01, "... plus this many seconds per page to fetch", min=0.0)
+    kvstore_prefetch_batch_pages: int = opt(128, "pages per L3 read during a prefetch", min=1)
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,9 @@ class SchedulerConfig:
     chunked_prefill_size: int = opt(512, "most prompt tokens one request prefills per step", min=1)
     max_n: int = opt(8, "largest `n` (choices per request) accepted", min=1)
     max_stop_strings: int = opt(16, "most stop strings per request", min=0)
+    max_queue_requests: int = opt(
+        1024, "most requests waiting for admission; beyond it new requests get 429 with Retry-After", min=1
+    )
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,21 @@ class ServerConfig:
     dp_size: int = opt(
         1, "data-parallel engine ranks: N > 1 starts N rank processes and the gateway (kvstrata/router) on --port"
     )
+    # `kvstrata analyze FILE` reads this log (kvstrata/serving/request_log.py says what redaction keeps)
+    log_requests: str | None = opt(None, "append every request body to this JSON-lines file (for `kvstrata analyze`)")
+    log_requests_redact: bool = opt(
+        False, "with --log-requests: replace each word/number of message text and tools by a same-length hash placeholder"
+    )
+    # Production hardening (kvstrata/serving/auth.py, limits.py, shutdown.py)
+    api_key: tuple[str, ...] = opt(
+        (), "API key clients send as `Authorization: Bearer KEY` (repeatable; also $KVSTRATA_API_KEY)",
+        repeatable=True,
+    )
+    api_key_file: str | None = opt(None, "file of `KEY TENANT` lines: each key's tenant gets its own caches")
+    metrics_public: bool = opt(False, "serve /metrics, /dashboard and the admin routes without an API key")
+    max_request_body_bytes: int = opt(8 * 1024 * 1024, "largest request body accepted (413 beyond)", min=1)
+    max_json_depth: int = opt(32, "deepest JSON nesting accepted in a request body (400 beyond)", min=2)
+    shutdown_timeout: float = opt(30.0, "on SIGTERM, seconds to let running requests finish", min=0)
 
 
 @dataclass(frozen=True)
@@ -176,6 +194,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, exclude: tuple[str
         meta = f.metadata
         tp = _base_type(hints[f.name])
         help_text = f"{meta.get('help', '')} (default: {f.default})"
+        if meta.get("repeatable"):  # a tuple field: one value per use of the flag
+            group.add_argument(_flag(f.name), dest=f.name, action="append", default=None, help=help_text)
+            continue
         if tp is bool:
             on, off = meta.get("flags", (_flag(f.name), "--no-" + f.name.replace("_", "-")))
             group.add_argument(on, dest=f.name, action="store_true", default=f.default, help=help_text)
@@ -205,6 +226,10 @@ def check_config(cfg: Any) -> None:
 
 def from_namespace(cls: type[T], ns: argparse.Namespace) -> T:
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    cfg = cls(**{k: v for k, v in vars(ns).items() if k in names})
+    values = {k: v for k, v in vars(ns).items() if k in names}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.metadata.get("repeatable") and f.name in values:
+            values[f.name] = tuple(values[f.name] or f.default)
+    cfg = cls(**values)
     check_config(cfg)
     return cfg

@@ -13,7 +13,9 @@ import os
 from pathlib import Path
 from typing import Callable, NamedTuple
 
+from kvstrata.bench.compare import add_compare_args
 from kvstrata.bench.repeat import add_repeat_args
+from kvstrata.bench.soak import add_soak_args
 from kvstrata.bench.throughput import add_throughput_args
 
 DEFAULT_TOKENIZER_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -72,6 +74,10 @@ BENCH_COMMANDS: tuple[BenchCommand, ...] = (
                  add_throughput_args, "kvstrata.bench.throughput:run_throughput"),
     BenchCommand("repeat", "repeated requests (hot pool + unique) for the response cache, mean/p50/p99 latency",
                  add_repeat_args, "kvstrata.bench.repeat:run_repeat"),
+    BenchCommand("soak", "production-shaped load for N minutes; fails on any error or RSS growth after warm-up",
+                 add_soak_args, "kvstrata.bench.soak:run_soak"),
+    BenchCommand("compare", "start each engine in turn (kvstrata, vllm, llamacpp), same workload and client; "
+                 "JSON, Markdown table and PNG plots", add_compare_args, "kvstrata.bench.compare:run_compare"),
 )
 
 

@@ -11,7 +11,7 @@ import torch
 from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig, check_config
 from kvstrata.engine.kv_manager import KVCacheManager
 from kvstrata.engine.output_processor import OutputProcessor
-from kvstrata.engine.outputs import RequestOutput
+from kvstrata.engine.outputs import EngineOverloadedError, RequestOutput
 from kvstrata.engine.request import Request
 from kvstrata.engine.runner import ModelRunner
 from kvstrata.engine.sampling_params import InvalidRequestError, SamplingParams
@@ -128,6 +128,9 @@ class Engine:
         if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
         params = self.check_request(prompt_token_ids, params)
+        if not self.scheduler.can_add():
+            limit = self.sched_cfg.max_queue_requests
+            raise EngineOverloadedError(f"{limit} requests are already waiting (--max-queue-requests {limit})")
         req = Request(request_id, list(prompt_token_ids), params)
         self._requests[request_id] = req
         self.outputs.add(req)

@@ -166,10 +166,11 @@ class KVCacheManager:
     def reset_cache(self) -> int:
         """Drop every cached page no running request uses, and all of L2 (L3 is shared and
         stays); returns how many L1 pages were freed."""
-        freed = len(self.cache.reset()) if self.cache is not None else 0
+        if self.cache is None:
+            return 0
         if self.tiers is not None:
-            self.tiers.clear_host()
-        return freed
+            return len(self.tiers.flush(self.cache.reset))
+        return len(self.cache.reset())
 
     def check_integrity(self, running: list[Request]) -> None:
         held: dict[str, list[int]] = {r.request_id: r.pages[r.num_shared_pages :] for r in running}

@@ -41,6 +41,10 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
 
+    def can_add(self) -> bool:
+        """Whether the waiting queue has room (`max_queue_requests`); preempted requests skip this."""
+        return len(self.waiting) < self.cfg.max_queue_requests
+
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 

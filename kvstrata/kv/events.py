@@ -142,7 +142,10 @@ class KVEventPublisher:
         stopping = False
         while not stopping:
             if self._replay is not None:
-                self._serve_replay()
+                try:
+                    self._serve_replay()
+                except Exception:  # a bad or unreachable replay client must not stop publishing
+                    logger.exception("kv_events_replay_failed rank=%d", self.rank)
             try:
                 item = self._queue.get(timeout=0.05)
             except queue.Empty:

@@ -38,6 +38,7 @@ class Fetched(NamedTuple):
     hashes: list[bytes]  # the leading pages fetched, in prefix order
     payloads: list[memoryview]  # their page bytes (decoded, checked)
     timed_out: bool
+    bad: bytes | None = None  # the page whose stored value was corrupt, truncated or foreign
 
 
 @dataclass
@@ -46,6 +47,7 @@ class _Job:
     deadline: float
     lock: threading.Lock = field(default_factory=threading.Lock)
     fetched: list[tuple[bytes, memoryview]] = field(default_factory=list)
+    bad: bytes | None = None
     done: bool = False
     abandoned: bool = False
 
@@ -80,12 +82,12 @@ class Prefetcher:
             if not (job.done or timed_out):
                 return None
             job.abandoned = True
-            fetched = list(job.fetched)
+            fetched, bad = list(job.fetched), job.bad
         del self._jobs[key]
         if timed_out:
             self.store.stats.prefetch("timeouts")
             logger.info("kvstore_prefetch_timeout key=%s fetched=%d of %d", key, len(fetched), len(job.hashes))
-        return Fetched([h for h, _ in fetched], [p for _, p in fetched], timed_out)
+        return Fetched([h for h, _ in fetched], [p for _, p in fetched], timed_out, bad)
 
     def cancel(self, key: str) -> None:
         job = self._jobs.pop(key, None)
@@ -123,6 +125,8 @@ class Prefetcher:
 
     def _fetch(self, job: _Job) -> None:
         policy, stats = self.policy, self.store.stats
+        if job.abandoned or time.monotonic() >= job.deadline:
+            return  # waited in the queue past its deadline (or cancelled): do not even ask
         keys = [h.hex() for h in job.hashes]
         n = self.store.batch_exists(keys)
         if n < policy.min_pages:
@@ -141,6 +145,7 @@ class Prefetcher:
                 if payload is None:
                     if miss is not None:
                         stats.error(self.store.backend, miss)
+                        job.bad = h
                     break
                 got.append((h, payload))
             stats.read("store", len(got), len(got) * self.codec.value_bytes)

@@ -37,6 +37,7 @@ class StoreWriter:
         self.max_pending_bytes = max_pending_bytes
         self.known_capacity = known_capacity
         self._known: OrderedDict[bytes, None] = OrderedDict()
+        self._distrusted: set[bytes] = set()  # stored values found bad: overwrite, do not skip
         self._pending_bytes = 0
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -55,6 +56,13 @@ class StoreWriter:
             while len(self._known) > self.known_capacity:
                 self._known.popitem(last=False)
 
+    def distrust(self, h: bytes) -> None:
+        """The store's value for page `h` is corrupt or foreign: the next write of that page, and
+        the pages after it in the same write, overwrite instead of trusting `batch_exists`."""
+        with self._lock:
+            self._known.pop(h, None)
+            self._distrusted.add(h)
+
     def submit(self, pool: PagePool, hashes: list[bytes], pages: list[int]) -> None:
         """Engine thread: queue the write of these full pages (chain order) unless already known."""
         with self._lock:
@@ -62,6 +70,8 @@ class StoreWriter:
             nbytes = len(todo) * self.codec.page_bytes
             if not todo:
                 return
+            overwrite = bool(self._distrusted) and any(h in self._distrusted for h, _ in todo)
+            self._distrusted.difference_update(h for h, _ in todo)
             if self._pending_bytes + nbytes > self.max_pending_bytes:
                 dropped = True
             else:
@@ -72,12 +82,12 @@ class StoreWriter:
             return
         self.mark_known(h for h, _ in todo)
         snapshot = snapshot_pages(pool, [p for _, p in todo])  # [n, 2, layers, ps, kvh, hd], ours alone
-        self._executor.submit(self._write, [h for h, _ in todo], snapshot, nbytes)
+        self._executor.submit(self._write, [h for h, _ in todo], snapshot, nbytes, overwrite)
 
-    def _write(self, hashes: list[bytes], snapshot: torch.Tensor, nbytes: int) -> None:
+    def _write(self, hashes: list[bytes], snapshot: torch.Tensor, nbytes: int, overwrite: bool) -> None:
         try:
             keys = [h.hex() for h in hashes]
-            have = self.store.batch_exists(keys)
+            have = 0 if overwrite else self.store.batch_exists(keys)
             if have < len(keys):
                 data = snapshot.view(torch.uint8).view(len(keys), -1).numpy()  # [n, page_bytes]
                 values = [self.codec.encode(h, data[i].data) for i, h in enumerate(hashes) if i >= have]

@@ -14,17 +14,17 @@ its own. The KVCacheManager (engine) drives admission; this class knows pages an
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 from kvstrata.kv.hashing import hash_pages
 from kvstrata.kv.host_tier import HostTier
 from kvstrata.kv.prefetcher import Fetched, Prefetcher
 from kvstrata.kv.radix import Match, RadixPrefixCache
-from kvstrata.kv.store.guard import GuardedStore
 from kvstrata.kv.store_writer import StoreWriter
 from kvstrata.kv.tier_stats import TierStats
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class KVTiers:
@@ -44,17 +44,16 @@ class KVTiers:
         self.writer = writer
         self.prefetcher = prefetcher
         self._from_store: dict[str, set[bytes]] = {}  # request key -> hashes its prefetch put in L2
+        self._catch_evictions = True
         cache.on_evict.append(self._on_evict)
         if writer is not None:
             cache.on_insert.append(self._on_insert)
 
-    @property
-    def store(self) -> GuardedStore | None:
-        return self.writer.store if self.writer is not None else None
-
     # -- hooks (engine thread) -------------------------------------------------------------------
 
     def _on_evict(self, hashes: list[bytes], pages: list[int]) -> None:
+        if not self._catch_evictions:
+            return
         n = self.host.put_from_pool(self.pool, hashes, pages)
         self.stats.wrote("host", n, n * self.host.page_bytes)
 
@@ -103,6 +102,8 @@ class KVTiers:
         self.stats.wrote("host", len(stored), len(stored) * self.host.page_bytes)
         if self.writer is not None:
             self.writer.mark_known(stored)
+            if fetched.bad is not None:
+                self.writer.distrust(fetched.bad)  # heal the store when the page is computed again
         if stored:
             self._from_store[key] = set(stored)
 
@@ -123,8 +124,15 @@ class KVTiers:
 
     # -- maintenance -----------------------------------------------------------------------------
 
-    def clear_host(self) -> int:
-        return self.host.clear()
+    def flush(self, reset_l1: Callable[[], T]) -> T:
+        """Run `reset_l1` (the radix cache's reset) without catching its victims, then empty L2.
+        L3 is shared and stays."""
+        self._catch_evictions = False
+        try:
+            return reset_l1()
+        finally:
+            self._catch_evictions = True
+            self.host.clear()
 
     def close(self, drain_timeout_s: float = 5.0) -> None:
         """Drain in-flight L3 writes within `drain_timeout_s`, then close the store."""

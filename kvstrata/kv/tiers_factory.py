@@ -69,7 +69,7 @@ def build_tiers(cfg: CacheConfig, cache: RadixPrefixCache | None) -> KVTiers | N
                 min_pages=cfg.kvstore_prefetch_min_pages,
                 timeout_base_s=cfg.kvstore_prefetch_timeout_base_s,
                 timeout_per_page_s=cfg.kvstore_prefetch_timeout_per_page_s,
-                batch_pages=max(1, cfg.kvstore_prefetch_batch_pages),
+                batch_pages=cfg.kvstore_prefetch_batch_pages,
                 max_pages=max(1, capacity // 2),
             )
             prefetcher = Prefetcher(guarded, codec, policy)

@@ -31,7 +31,7 @@ from kvstrata.serving.errors import APIError
 logger = logging.getLogger(__name__)
 
 RETRY_STATUSES = (502, 503, 504)
-PASS_HEADERS = ("content-type", "cache-control", "content-encoding", "x-request-id")
+DROP_HEADERS = ("content-length", "transfer-encoding", "connection", "keep-alive", "date", "server")
 SEND_HEADERS = ("content-type", "authorization", "accept", "x-request-id")
 
 
@@ -140,9 +140,9 @@ class Gateway:
         cost = (prompt.num_tokens if prompt else len(raw) // 4) + _max_tokens(body)
         send = {k: v for k, v in headers.items() if k in SEND_HEADERS}
         tried: set[int] = set()
+        overhead = time.perf_counter() - started  # parse, tokenize, hash, route: up to the first send
         while True:
             tried.add(worker.rank)
-            overhead = time.perf_counter() - started
             worker.requests += 1
             worker.tokens += cost
             done = _Release(worker, cost)
@@ -168,6 +168,9 @@ class Gateway:
                 self.metrics.retries.labels(rank=str(worker.rank)).inc()
                 worker = nxt
                 continue
+            except BaseException:  # cancelled (the client left) or a bug: undo the load
+                done()
+                raise
             if upstream.status_code in RETRY_STATUSES and pin is None and self.fallbacks(tried):
                 await upstream.aclose()
                 done()
@@ -182,7 +185,7 @@ class Gateway:
         if prompt is not None:
             worker.index.add_routed(prompt.hashes)  # approximate mode only
         logger.debug("router_route rank=%d reason=%s ratio=%s tries=%d", worker.rank, decision.reason, ratio, len(tried))
-        out_headers = {k: v for k, v in upstream.headers.items() if k in PASS_HEADERS}
+        out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in DROP_HEADERS}
         out_headers["x-kvstrata-rank"] = str(worker.rank)
         return StreamingResponse(
             _passthrough(first, chunks, upstream, done), status_code=upstream.status_code, headers=out_headers,

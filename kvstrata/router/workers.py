@@ -23,7 +23,8 @@ from kvstrata.router.subscriber import KVEventSubscriber
 
 logger = logging.getLogger(__name__)
 
-PROBE_TIMEOUT_S = 2.0
+PROBE_TIMEOUT_S = 5.0
+SLOW_PROBES_DOWN = 3
 _ANY_HOST = ("*", "0.0.0.0", "::", "[::]", "")
 
 
@@ -35,6 +36,7 @@ class Worker:
     info: dict[str, Any] = field(default_factory=dict)
     requests: int = 0  # in flight through the gateway
     tokens: int = 0
+    probe_failures: int = 0
     index: RankCacheIndex = field(default_factory=lambda: RankCacheIndex(exact=False))
     subscriber: KVEventSubscriber | None = None
 
@@ -75,8 +77,11 @@ class WorkerPool:
         try:
             resp = await client.get(w.url + "/health", timeout=PROBE_TIMEOUT_S)
         except httpx.HTTPError as exc:
-            self.mark_down(w, f"unreachable ({type(exc).__name__})")
+            w.probe_failures += 1  # refused: down now; slow (a busy CPU): down after a few in a row
+            if isinstance(exc, httpx.ConnectError) or w.probe_failures >= SLOW_PROBES_DOWN:
+                self.mark_down(w, f"unreachable ({type(exc).__name__})")
             return
+        w.probe_failures = 0
         if resp.status_code == 200:
             if not w.ready:
                 await self._become_ready(w, client)

@@ -1,14 +1,18 @@
-"""Operational routes: Prometheus `/metrics`, `POST /flush_cache`, `GET /response_cache` and its flush."""
+"""Operational routes: Prometheus `/metrics`, the `/dashboard` page over it, `POST /flush_cache`,
+`GET /response_cache` and its flush."""
 from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
+from kvstrata.serving.dashboard import install_dashboard_route
 from kvstrata.serving.metrics import CONTENT_TYPE
 from kvstrata.serving.state import ServerState
 
 
 def install_admin_routes(app: FastAPI, state: ServerState) -> None:
+    install_dashboard_route(app)  # GET /dashboard, charts of /metrics
+
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)

@@ -9,7 +9,7 @@ Every error the HTTP layer returns has the shape OpenAI clients parse:
 | `InvalidRequestError` (engine/proto) | 400    | invalid_request_error  |
 | `APIError` (anything the layer says) | its own| its own                |
 | unknown route / wrong method         | 404/405| invalid_request_error  |
-| `EngineOverloadedError`              | 429    | rate_limit_error       |
+| `EngineOverloadedError`              | 429    | rate_limit_error (+ Retry-After) |
 | `EngineDeadError`                    | 503    | server_error           |
 | any other exception                  | 500    | server_error           |
 
@@ -31,6 +31,7 @@ from kvstrata.engine.outputs import EngineDeadError, EngineOverloadedError
 from kvstrata.engine.sampling_params import InvalidRequestError
 
 logger = logging.getLogger(__name__)
+RETRY_AFTER_S = 1  # what a 429 asks the client to wait, in seconds
 
 
 class APIError(Exception):
@@ -43,6 +44,7 @@ class APIError(Exception):
         type: str = "invalid_request_error",  # noqa: A002 - OpenAI's field name
         param: str | None = None,
         code: str | int | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
@@ -50,6 +52,7 @@ class APIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers
 
 
 def error_body(
@@ -76,7 +79,10 @@ def api_error_from(exc: BaseException) -> APIError:
     if isinstance(exc, InvalidRequestError):
         return APIError(400, exc.message, param=exc.param, code=exc.code)
     if isinstance(exc, EngineOverloadedError):
-        return APIError(429, f"the server is overloaded: {exc}; retry later", "rate_limit_error", code="overloaded")
+        return APIError(
+            429, f"the server is overloaded: {exc}; retry later", "rate_limit_error", code="overloaded",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
     if isinstance(exc, EngineDeadError):
         return APIError(
             503, f"the engine is not running ({exc}); check the server log and restart it",
@@ -135,7 +141,7 @@ def validation_error_to_api_error(errors: Sequence[dict[str, Any]]) -> APIError:
 
 
 def _to_response(err: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
-    return error_response(err.status_code, err.message, err.type, err.param, err.code, headers)
+    return error_response(err.status_code, err.message, err.type, err.param, err.code, headers or err.headers)
 
 
 async def _on_api_error(request: Request, exc: Exception) -> JSONResponse:

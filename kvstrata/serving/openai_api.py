@@ -19,7 +19,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kvstrata.engine.outputs import RequestOutput
 from kvstrata.serving.admin import install_admin_routes
+from kvstrata.serving.auth import AuthMiddleware, request_tenant, scoped_to_tenant
+from kvstrata.serving.deadline import with_deadline
 from kvstrata.serving.errors import install_error_handlers
+from kvstrata.serving.health import install_health_route
+from kvstrata.serving.limits import RequestLimitsMiddleware
 from kvstrata.serving.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -32,6 +36,7 @@ from kvstrata.serving.rank_info import install_rank_info_route
 from kvstrata.serving.response_cache_key import CHAT, COMPLETIONS
 from kvstrata.serving.response_cache_replay import replay
 from kvstrata.serving.response_cache_service import Ticket
+from kvstrata.serving.shutdown import LifecycleMiddleware
 from kvstrata.serving.state import ServerState
 from kvstrata.serving.streaming import (
     ResponseShape,
@@ -107,7 +112,8 @@ async def _serve(
         request_id, len(prepared.prompts), usage.prompt_lens, prepared.params.n, prepared.params.max_tokens, stream,
         ticket.status,
     )
-    outputs = ticket.record(merge_choices(engine, jobs), usage.prompt_lens, prepared.params.n)
+    outputs = with_deadline(ticket.record(merge_choices(engine, jobs), usage.prompt_lens, prepared.params.n),
+                            prepared.timeout_s)
     streaming = False
     try:
         if stream:
@@ -137,32 +143,33 @@ async def _serve_cached(
     prepare: Callable[[Any, AsyncEngine], PreparedRequest],
 ) -> Response:
     """Answer from the response cache on a hit; otherwise prepare and serve (and maybe keep) it."""
-    engine = state.ready_engine()
     chat = isinstance(req, ChatCompletionRequest)
+    if state.request_log is not None:  # --log-requests: the body as sent (FastAPI has read it already)
+        state.request_log.write(CHAT if chat else COMPLETIONS, await request.body())
+    engine = state.ready_engine()
     ticket = await state.response_cache.lookup(CHAT if chat else COMPLETIONS, req, request, engine)
     if ticket.value is not None:
         shape = ResponseShape(chat, _request_id(chat), engine.served_model_name)
         return replay(ticket.value, shape, req.stream, req.include_usage, ticket.headers)
     try:
-        prepared = prepare(req, engine)
+        prepared = scoped_to_tenant(prepare(req, engine), request_tenant(request))  # tenants share no pages
+        return await _serve(request, engine, prepared, chat, req.stream, req.include_usage, ticket)
     except BaseException:
-        ticket.release()
+        ticket.release()  # identical misses waiting on this one look again
         raise
-    return await _serve(request, engine, prepared, chat, req.stream, req.include_usage, ticket)
 
 
 def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="kvstrata", description="OpenAI-compatible LLM server with a tiered prefix KV cache")
     app.state.kvstrata = state
     install_error_handlers(app)
-
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        status = state.status
-        body: dict[str, Any] = {"status": status}
-        if status == "dead":
-            body["error"] = state.load_error or "the engine thread died; see the server log"
-        return JSONResponse(body, status_code=200 if status == "ready" else 503)
+    # outermost last: draining 503 and in-flight count, then the API key, then body limits
+    cfg = state.server_cfg
+    app.add_middleware(RequestLimitsMiddleware, max_body_bytes=cfg.max_request_body_bytes,
+                       max_json_depth=cfg.max_json_depth)
+    app.add_middleware(AuthMiddleware, keys=state.api_keys, metrics_public=cfg.metrics_public)
+    app.add_middleware(LifecycleMiddleware, lifecycle=state.lifecycle)
+    install_health_route(app, state)  # /health, /health?deep=1
 
     def model_card(engine: AsyncEngine) -> dict[str, Any]:
         return {

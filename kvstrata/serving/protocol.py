@@ -29,12 +29,21 @@ if TYPE_CHECKING:
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 _STRICT = ConfigDict(strict=True, extra="ignore")
+# what the plain validators below accept, for /openapi.json (clients, and the schemathesis fuzz test)
+_TEXT_PART: dict[str, Any] = {
+    "type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+    "required": ["type", "text"],
+}
+_IDS: dict[str, Any] = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+_STRINGS: dict[str, Any] = {"type": "array", "items": {"type": "string"}}
 
 
 class ChatMessage(BaseModel):
     model_config = _STRICT
     role: Role
-    content: str | list[dict[str, Any]] | None = None  # a list of text parts is joined with "\n"
+    content: str | list[dict[str, Any]] | None = Field(  # a list of text parts is joined with "\n"
+        default=None, json_schema_extra={"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]}
+    )
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
@@ -81,7 +90,7 @@ class _SamplingRequest(BaseModel):
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)  # what a torch.Generator takes
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(default=None, json_schema_extra={"anyOf": [{"type": "string"}, _STRINGS]})
     stop_token_ids: list[int] | None = None
     n: int = 1
     stream: bool = False
@@ -92,6 +101,7 @@ class _SamplingRequest(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    timeout: float | None = Field(default=None, gt=0, le=86400)  # seconds; past it the request is aborted (408)
 
     @field_validator("stop", mode="plain")
     @classmethod
@@ -151,7 +161,9 @@ class ChatCompletionRequest(_SamplingRequest):
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(json_schema_extra={"anyOf": [
+        {"type": "string"}, {**_STRINGS, "minItems": 1}, _IDS, {"type": "array", "items": _IDS, "minItems": 1},
+    ]})
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
@@ -187,6 +199,7 @@ class PreparedRequest:
 
     prompts: list[list[int]]
     params: SamplingParams
+    timeout_s: float | None = None  # the request's `timeout`: abort and answer 408 past it
 
 
 def check_model(model: str | None, engine: AsyncEngine) -> None:
@@ -224,7 +237,7 @@ def _finish(
         raise InvalidRequestError(msg + "; split the batch", "prompt")
     for ids in prompts:
         params = engine.check_prompt(ids, params)
-    return PreparedRequest(prompts, params)
+    return PreparedRequest(prompts, params, req.timeout)
 
 
 def prepare_chat(req: ChatCompletionRequest, engine: AsyncEngine) -> PreparedRequest:

@@ -1,15 +1,17 @@
 """The response cache's key: a canonical hash of everything that can change a request's output.
 
-`request_key(route, req, namespace)` hashes the route, the namespace (served model name, weights
-identity and chat template, from `engine_namespace`) and the validated request body with only
+`request_key(route, req, namespace, tenant)` hashes the route, the namespace (served model name, weights
+identity and chat template, from `engine_namespace`), the API key's tenant (serving/auth.py: tenants
+never share a result) and the validated request body with only
 the fields that never change the output left out (`IGNORED_FIELDS`). Every other field is in the
 key, so a field added to protocol.py later is keyed by default: the safe direction. Extra
 fields pydantic ignores (`"cache": false`, vendor extras) never reach the engine either.
 
 Canonical: spellings the engine treats alike hash alike: `stop: "x"` == `["x"]`, the neutral
-sampling values (temperature 1, top_p 1, top_k 0 or -1, penalties 0) == absent, 0 == 0.0,
-chat's `max_completion_tokens` wins over `max_tokens` as in protocol.py, messages as the chat
-template sees them ('developer' renders as 'system').
+sampling values (temperature 1, top_p 1, top_k 0 or -1, penalties 0) == absent, 0 == 0.0 ==
+any temperature below GREEDY_BELOW,
+chat's `max_completion_tokens` wins over `max_tokens` and a completion without max_tokens gets 16,
+as in protocol.py, messages as the chat template sees them ('developer' renders as 'system').
 """
 from __future__ import annotations
 
@@ -17,7 +19,10 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
+
+from kvstrata.config import GREEDY_BELOW
+from kvstrata.serving.protocol import COMPLETIONS_DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
     from kvstrata.engine.async_engine import AsyncEngine
@@ -25,7 +30,7 @@ if TYPE_CHECKING:
 CHAT = "chat"
 COMPLETIONS = "completions"
 # transport and bookkeeping only: same tokens whatever they say
-IGNORED_FIELDS = frozenset({"user", "stream", "stream_options"})
+IGNORED_FIELDS = frozenset({"user", "stream", "stream_options", "timeout"})
 # values that mean "off": dropped, so sending them equals leaving them out
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "temperature": (1.0,),
@@ -48,6 +53,8 @@ def canonical_body(req: BaseModel) -> dict[str, Any]:
     for name in _FLOATS:
         if name in body:
             body[name] = float(body[name])
+    if 0.0 < body.get("temperature", 1.0) < GREEDY_BELOW:  # argmax as 0 is (negatives stay: a 400)
+        body["temperature"] = 0.0
     if isinstance(body.get("stop"), str):
         body["stop"] = [body["stop"]]
     if "messages" in body:
@@ -55,22 +62,26 @@ def canonical_body(req: BaseModel) -> dict[str, Any]:
         wanted = body.pop("max_completion_tokens", None)
         if wanted is not None:
             body["max_tokens"] = wanted
+    elif "max_tokens" not in body:
+        body["max_tokens"] = COMPLETIONS_DEFAULT_MAX_TOKENS
     for name, neutral in _NEUTRAL.items():
         if name in body and body[name] in neutral:
             del body[name]
     return body
 
 
-def request_key(route: str, req: BaseModel, namespace: str) -> str:
-    """sha256 hex of (route, namespace, canonical body)."""
-    canonical = [route, namespace, canonical_body(req)]
+def request_key(route: str, req: BaseModel, namespace: str, tenant: str | None = None) -> str:
+    """sha256 hex of (route, namespace, canonical body, tenant): tenants never share a result."""
+    canonical = [route, namespace, canonical_body(req), tenant]
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def is_deterministic(req: BaseModel) -> bool:
-    """Temperature 0 or a fixed seed: one possible output, so the key is full at one result."""
-    return getattr(req, "temperature", None) == 0 or getattr(req, "seed", None) is not None
+    """Greedy (temperature 0, or below GREEDY_BELOW) or a fixed seed: one possible output, so the
+    key is full at one result."""
+    temperature = getattr(req, "temperature", None)
+    return (temperature is not None and temperature < GREEDY_BELOW) or getattr(req, "seed", None) is not None
 
 
 def engine_namespace(engine: AsyncEngine) -> str:
@@ -86,10 +97,6 @@ def load_fixed_keys(path: str) -> list[tuple[str, BaseModel]]:
     A body with "messages" is a chat request, one with "prompt" a completion; blank lines are
     skipped. Raises ValueError naming the file and line of anything else.
     """
-    from pydantic import ValidationError
-
-    from kvstrata.serving.protocol import ChatCompletionRequest, CompletionRequest
-
     out: list[tuple[str, BaseModel]] = []
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):

@@ -29,6 +29,7 @@ from pydantic import BaseModel
 from kvstrata.config import ServerConfig
 from kvstrata.engine.outputs import RequestOutput
 from kvstrata.engine.sampling_params import InvalidRequestError
+from kvstrata.serving.auth import request_tenant
 from kvstrata.serving.metrics import Metrics
 from kvstrata.serving.protocol import check_model
 from kvstrata.serving.response_cache import ResponseCache
@@ -128,7 +129,7 @@ class ResponseCacheService:
             return BYPASS
         check_model(getattr(req, "model", None), engine)  # a hit must refuse what a miss refuses
         cache = self._bound(engine)
-        key = request_key(route, req, self._namespace)
+        key = request_key(route, req, self._namespace, request_tenant(request))
         deterministic, seed = is_deterministic(req), getattr(req, "seed", None)
         while True:
             value = cache.get(key, seed)

@@ -2,8 +2,9 @@
 
 `run_server` binds the port before the weights load, so `GET /health` answers 503 {"status":
 "loading"} while a background thread builds the engine, 200 once it is ready, and 503 {"status":
-"dead"} if loading failed or the engine thread died later. `ServerThread` runs the same app in a
-thread of the current process (tests, notebooks).
+"dead"} if loading failed or the engine thread died later; then the process exits 1 so a
+supervisor restarts it. SIGTERM drains (serving/shutdown.py) and exits 0. `ServerThread` runs the
+same app in a thread of the current process (tests, notebooks).
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from typing import TYPE_CHECKING, Callable
 import uvicorn
 
 from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig, ServerConfig
+from kvstrata.serving.limits import MAX_HEADER_BYTES
 from kvstrata.serving.openai_api import build_app
+from kvstrata.serving.shutdown import DrainingServer, drain_then_stop, watch_engine
 from kvstrata.serving.state import ServerState
 
 if TYPE_CHECKING:
@@ -50,14 +53,16 @@ def _uvicorn_config(state: ServerState) -> uvicorn.Config:
     cfg = state.server_cfg
     return uvicorn.Config(
         build_app(state), host=cfg.host, port=cfg.port, log_level=cfg.log_level,
-        timeout_graceful_shutdown=5, lifespan="off",
+        timeout_graceful_shutdown=1, lifespan="off",  # shutdown.py drains before this
+        h11_max_incomplete_event_size=4 * MAX_HEADER_BYTES,  # a request line + headers never buffered beyond
     )
 
 
 def run_server(
     model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: SchedulerConfig, server_cfg: ServerConfig
-) -> None:
-    """Serve until interrupted (blocking); the engine loads in the background."""
+) -> int:
+    """Serve until SIGTERM/SIGINT (0, after draining) or the engine's death (1); the engine loads
+    in the background. Returns the exit code."""
 
     def load() -> AsyncEngine:
         from kvstrata.engine.async_engine import AsyncEngine  # heavy (torch): imported off the server's path
@@ -70,14 +75,23 @@ def run_server(
     state = ServerState(model_cfg, cache_cfg, sched_cfg, server_cfg)
     load_engine_in_background(state, load)
     logger.info("server_start host=%s port=%d model=%s", server_cfg.host, server_cfg.port, model_cfg.model)
+    server = DrainingServer(_uvicorn_config(state), state)
+    died = threading.Event()
+
+    def on_death() -> None:
+        died.set()
+        server.should_exit = True
+
+    watch_engine(state, on_death)
     try:
-        uvicorn.Server(_uvicorn_config(state)).run()
-    except KeyboardInterrupt:  # uvicorn re-raises the signal after its graceful shutdown
+        server.run()
+    except KeyboardInterrupt:  # a signal uvicorn re-raises after its own shutdown
         pass
     finally:
-        if state.engine is not None:
-            state.engine.shutdown()
-        logger.info("server_stop")
+        if state.engine is not None:  # drains in-flight L2 -> L3 writes when a store is configured
+            state.engine.shutdown(timeout=max(server_cfg.shutdown_timeout, 1.0))
+        logger.info("server_stop exit_code=%d", 1 if died.is_set() else 0)
+    return 1 if died.is_set() else 0
 
 
 class ServerThread:
@@ -108,3 +122,11 @@ class ServerThread:
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=10)
+
+    def drain(self, timeout_s: float) -> threading.Thread:
+        """What SIGTERM does in `run_server`: refuse new requests, let running ones finish, stop."""
+
+        def stop() -> None:
+            self._server.should_exit = True
+
+        return drain_then_stop(self.state.lifecycle, stop, timeout_s)

@@ -5,9 +5,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig, ServerConfig
+from kvstrata.serving.auth import ApiKeys
 from kvstrata.serving.errors import APIError
 from kvstrata.serving.metrics import Metrics
+from kvstrata.serving.request_log import RequestLog
 from kvstrata.serving.response_cache_service import ResponseCacheService
+from kvstrata.serving.shutdown import Lifecycle
 
 if TYPE_CHECKING:
     from kvstrata.engine.async_engine import AsyncEngine
@@ -28,11 +31,20 @@ class ServerState:
     load_error: str | None = None
     metrics: Metrics = field(init=False)
     response_cache: ResponseCacheService = field(init=False)
+    request_log: RequestLog | None = field(init=False)
+    api_keys: ApiKeys = field(init=False)
+    lifecycle: Lifecycle = field(init=False)
 
     def __post_init__(self) -> None:
+        self.api_keys = ApiKeys.from_config(self.server_cfg)  # ValueError on a bad --api-key-file
+        self.lifecycle = Lifecycle()
         self.metrics = Metrics(log_request_stats=self.server_cfg.enable_log_request_stats)
         # raises ValueError on a bad --response-cache-* flag: refused at start, before the port binds
         self.response_cache = ResponseCacheService(self.server_cfg, self.metrics)
+        self.request_log = (
+            RequestLog(self.server_cfg.log_requests, self.server_cfg.log_requests_redact)
+            if self.server_cfg.log_requests else None
+        )
 
     def publish(self, engine: AsyncEngine) -> None:
         """Make a loaded engine visible to the routes (metrics observe it from its first request)."""
@@ -41,12 +53,14 @@ class ServerState:
 
     @property
     def status(self) -> str:
-        """'loading' | 'ready' | 'dead' (failed to load, or the engine thread died)."""
+        """'loading' | 'ready' | 'draining' (shutting down) | 'dead' (failed to load, or the engine thread died)."""
         if self.load_error is not None:
             return "dead"
         if self.engine is None:
             return "loading"
-        return "ready" if self.engine.healthy else "dead"
+        if not self.engine.healthy:
+            return "dead"
+        return "draining" if self.lifecycle.draining else "ready"
 
     def ready_engine(self) -> AsyncEngine:
         """The engine, or a 503 APIError that says why there is none."""

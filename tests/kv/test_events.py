@@ -59,9 +59,11 @@ def put(pool: PagePool, cache: RadixPrefixCache, tokens: list[int], key: str | N
     need = len(tokens) // PS - len(m.pages)
     if need <= 0:
         return
+    cache.lock(m.node)  # as a running request does: its matched pages must survive the eviction
     if need > pool.num_free:
         cache.evict(need - pool.num_free)
     pool.free(cache.insert(tokens, m.pages + pool.alloc(need), key))
+    cache.unlock(m.node)
 
 
 class Subscriber:

@@ -86,7 +86,7 @@ def test_sampled_keys_hit_once_the_list_is_full_deterministic_at_one() -> None:
 
 
 def test_what_makes_a_request_deterministic() -> None:
-    assert is_deterministic(chat(temperature=0)) and is_deterministic(chat(temperature=0.0))
+    assert is_deterministic(chat(temperature=0)) and is_deterministic(chat(temperature=1e-7))  # argmax too
     assert is_deterministic(chat(temperature=0.8, seed=3)) and is_deterministic(completion(seed=0))
     assert not is_deterministic(chat()) and not is_deterministic(chat(temperature=0.8))
 
@@ -104,7 +104,9 @@ COMPLETION_CHANGES = {
     **{k: v for k, v in CHANGES_OUTPUT.items() if k in CompletionRequest.model_fields and k != "logprobs"},
 }
 # the model is None or the served one (others are refused with 404); the namespace names it
-NO_EFFECT = {"user": "alice", "stream": True, "stream_options": {"include_usage": True}, "model": "smollm2"}
+NO_EFFECT = {
+    "user": "alice", "stream": True, "stream_options": {"include_usage": True}, "model": "smollm2", "timeout": 5.0,
+}
 
 
 @pytest.mark.parametrize("make, changes", [(chat, CHANGES_OUTPUT), (completion, COMPLETION_CHANGES)])
@@ -127,7 +129,8 @@ def test_spellings_of_one_meaning_share_a_key() -> None:
         return request_key(CHAT, a, NS) == request_key(CHAT, b, NS)
 
     assert same(chat(stop="x"), chat(stop=["x"]))
-    assert same(chat(temperature=0), chat(temperature=0.0))
+    assert same(chat(temperature=0), chat(temperature=0.0)) and same(chat(temperature=0), chat(temperature=1e-7))
+    assert not same(chat(temperature=0), chat(temperature=-1e-7))  # refused with a 400, never a hit
     assert same(chat(), chat(temperature=1.0, top_p=1, top_k=-1, n=1, presence_penalty=0, stop=[]))
     assert same(chat(max_tokens=9), chat(max_tokens=3, max_completion_tokens=9))  # as protocol.py reads them
     assert same(chat(response_format={"type": "text"}), chat())
@@ -135,6 +138,8 @@ def test_spellings_of_one_meaning_share_a_key() -> None:
     dev = chat(messages=[{"role": "developer", "content": parts}])
     assert same(dev, chat(messages=[{"role": "system", "content": "be\nbrief"}]))  # what the template renders
     assert not same(chat(temperature=0), chat(temperature=0.01))
+    no_max = CompletionRequest.model_validate_json('{"prompt": "hi"}')
+    assert request_key(COMPLETIONS, no_max, NS) == request_key(COMPLETIONS, completion(max_tokens=16), NS)
 
 
 def test_single_flight_runs_one_generation_for_identical_misses() -> None:

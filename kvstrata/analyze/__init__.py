@@ -1,0 +1,1 @@
+"""`kvstrata analyze`: why a request log misses the prefix cache, and what to change."""

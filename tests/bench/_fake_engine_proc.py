@@ -1,0 +1,15 @@
+"""The fake OpenAI peer as a server process with /health, for `bench compare` tests: `python THIS PORT`."""
+from __future__ import annotations
+
+import sys
+
+import uvicorn
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from _fake_openai_peer import FakePeer, _app
+
+if __name__ == "__main__":
+    app = _app(FakePeer(url=""))
+    app.router.routes.append(Route("/health", lambda request: JSONResponse({"status": "ok"})))
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")

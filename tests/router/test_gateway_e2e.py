@@ -1,0 +1,159 @@
+"""Two real rank processes (tiny model, float32) behind the real gateway: sessions stick, pinning
+works, /metrics and /health speak for every rank, and a killed rank costs no request that had not
+started streaming (then comes back, restarted by the supervisor)."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvstrata.config import CacheConfig, ModelConfig, RouterConfig, SchedulerConfig, ServerConfig
+from kvstrata.router.app import GatewayThread
+from kvstrata.router.launcher import RankSupervisor, free_port, rank_specs
+
+WORDS = "alpha beta gamma delta tool schema json call result weather city price search file read".split()
+
+
+class Cluster:
+    def __init__(self, supervisor: RankSupervisor, gateway: GatewayThread) -> None:
+        self.supervisor = supervisor
+        self.gw = gateway
+        self.http = httpx.Client(base_url=gateway.base_url, timeout=60)
+
+    def health(self) -> dict[str, Any]:
+        return self.http.get("/health").json()
+
+    def wait_ready(self, ranks: int = 2, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            body = self.health()
+            ready = sum(r["status"] == "ready" for r in body["ranks"])
+            if ready == ranks and self.gw.gateway.hasher is not None:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"ranks not ready in {timeout}s: {self.health()}")
+
+    def chat(self, messages: list[dict[str, str]], **extra: Any) -> httpx.Response:
+        body = {"messages": messages, "max_tokens": 8, "temperature": 0, **extra}
+        return self.http.post("/v1/chat/completions", json=body)
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model_dir: Path) -> Iterator[Cluster]:
+    model_cfg = ModelConfig(model=str(tiny_model_dir), dtype="float32", max_model_len=2048, num_threads=1)
+    cache_cfg = CacheConfig(max_total_tokens=8192, page_size=16)
+    router_cfg = RouterConfig(health_check_interval=0.2)
+    server_cfg = ServerConfig(port=free_port(), log_level="warning")
+    supervisor = RankSupervisor(rank_specs(2, model_cfg, cache_cfg, SchedulerConfig(), server_cfg, router_cfg))
+    supervisor.start()
+    gateway = GatewayThread(supervisor.urls, router_cfg).start()
+    c = Cluster(supervisor, gateway)
+    try:
+        c.wait_ready()
+        yield c
+    finally:
+        c.http.close()
+        gateway.stop()
+        supervisor.stop()
+
+
+def system_prompt(seed: int, words: int = 160) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def rank_of(resp: httpx.Response) -> int:
+    assert resp.status_code == 200, resp.text
+    return int(resp.headers["x-kvstrata-rank"])
+
+
+def test_sessions_stick_to_the_rank_that_holds_their_history(cluster: Cluster) -> None:
+    histories = [[{"role": "system", "content": system_prompt(s)}] for s in range(4)]
+    ranks: list[list[int]] = [[] for _ in histories]
+    cached: list[list[int]] = [[] for _ in histories]
+    for turn in range(3):
+        for s, history in enumerate(histories):  # sessions interleave, as agents do
+            history.append({"role": "user", "content": f"session {s} turn {turn}: " + system_prompt(100 + turn, 20)})
+            resp = cluster.chat(history)
+            ranks[s].append(rank_of(resp))
+            cached[s].append(resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+            history.append({"role": "assistant", "content": resp.json()["choices"][0]["message"]["content"]})
+    assert all(len(set(r)) == 1 for r in ranks), ranks  # every turn of a session on one rank
+    assert {r[0] for r in ranks} == {0, 1}, ranks  # new sessions spread over both ranks
+    assert all(c[0] == 0 and c[1] > 100 and c[2] > c[1] for c in cached), cached
+    time.sleep(0.3)  # the last events reach the gateway
+    metrics = {
+        (s.name, s.labels.get("rank")): s.value
+        for fam in text_string_to_metric_families(cluster.http.get("/metrics").text)
+        for s in fam.samples
+    }
+    health = cluster.health()
+    for r in (0, 1):  # the gateway's index holds exactly as many pages as the rank's cache
+        assert health["ranks"][r]["kv_events"] == "on"
+        assert health["ranks"][r]["cached_blocks"] == metrics[("kvstrata:prefix_cache_pages", str(r))] > 0
+    routed = {k: v for k, v in metrics.items() if k[0] == "kvstrata:router_requests_total"}
+    assert sum(routed.values()) >= 12 and {k[1] for k in routed} == {"0", "1"}
+    assert metrics[("kvstrata:router_match_ratio_count", None)] >= 12
+    assert health["overhead_ms"]["count"] >= 12
+
+
+def test_pinning_and_bad_ranks(cluster: Cluster) -> None:
+    messages = [{"role": "user", "content": system_prompt(7, 30)}]
+    assert [rank_of(cluster.chat(messages, data_parallel_rank=r)) for r in (1, 0, 1)] == [1, 0, 1]
+    for bad in (2, -1, True, "1"):
+        resp = cluster.chat(messages, data_parallel_rank=bad)
+        assert resp.status_code == 400, resp.text
+        err = resp.json()["error"]
+        assert err["param"] == "data_parallel_rank" and err["type"] == "invalid_request_error"
+    models = cluster.http.get("/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["object"] == "model"
+
+
+def test_streams_pass_through_unbuffered(cluster: Cluster) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+    started = time.perf_counter()
+    times, lines = [], []
+    with cluster.http.stream("POST", "/v1/chat/completions", json=body) as resp:
+        assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+        for line in resp.iter_lines():
+            if line.startswith("data:"):
+                times.append(time.perf_counter() - started)
+                lines.append(line)
+    assert lines[-1] == "data: [DONE]" and len(lines) > 100
+    assert times[0] < times[-1] / 2, (times[0], times[-1])  # the first token came long before the last
+
+
+def test_killed_rank_loses_no_request_that_had_not_started_streaming(cluster: Cluster) -> None:
+    history = [{"role": "system", "content": system_prompt(42)}, {"role": "user", "content": "go"}]
+    assert rank_of(cluster.chat(history, data_parallel_rank=1)) == 1  # rank 1 now holds this prefix
+    history.append({"role": "user", "content": "and again"})
+    long = {"max_tokens": 1600, "ignore_eos": True}
+    result: dict[str, httpx.Response] = {}
+    worker = threading.Thread(target=lambda: result.setdefault("r", cluster.chat(history, **long)))
+    worker.start()  # a non-streaming request: the client sees no byte until it ends
+    time.sleep(0.8)
+    victim = cluster.supervisor.specs[1].process
+    assert cluster.gw.gateway.pool.workers[1].requests == 1  # it is running on rank 1
+    os.kill(victim.pid, signal.SIGKILL)
+    worker.join(60)
+    assert rank_of(result["r"]) == 0  # retried on rank 0, whole
+    assert result["r"].json()["usage"]["completion_tokens"] == 1600
+    for _ in range(3):  # the session's next turns, and new ones, go to the live rank
+        assert rank_of(cluster.chat(history)) == 0
+    retries = [
+        s.value for fam in text_string_to_metric_families(cluster.http.get("/metrics").text) for s in fam.samples
+        if s.name == "kvstrata:router_retries_total" and s.labels["rank"] == "1"
+    ]
+    assert retries == [1.0]
+    cluster.wait_ready(timeout=60)  # the supervisor restarted it
+    assert cluster.supervisor.specs[1].process.pid != victim.pid
+    assert rank_of(cluster.chat(history, data_parallel_rank=1)) == 1
