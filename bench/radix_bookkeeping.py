@@ -1,6 +1,6 @@
 """Micro-benchmark of the L1 prefix-cache bookkeeping per request (no model, no KV copies).
 
-    python -m kvstrata.kv.bench_radix [--requests 2000] [--cached-pages 10000] [--prompt-tokens 4096]
+    python bench/radix_bookkeeping.py [--requests 2000] [--cached-pages 10000] [--prompt-tokens 4096]
 
 A request is timed through what the scheduler does around the model:
     admit:  match -> lock -> hash the unmatched suffix (L2/L3 keys) -> evict if short -> alloc
