@@ -1,7 +1,7 @@
 """`kvstrata bench repeat`: repeated requests, the response cache's workload (WORKLOADS.md "repeat").
 
-A seeded stream of `--num-requests` /v1/completions requests: a fraction `--repeat-ratio` drawn
-from a pool of `--hot-prompts` hot prompts (EnergonAI's river question first), the rest unique.
+A seeded stream of `--num-requests` /v1/completions requests: exactly a fraction `--repeat-ratio`
+(at seeded random positions) drawn from a pool of `--hot-prompts` hot prompts (EnergonAI's river question first), the rest unique.
 Every request is greedy with `ignore_eos`, so each one generates exactly `--max-tokens` tokens
 and a unique request costs what a hot one costs on a miss. Load is closed-loop (`--concurrency`
 requests in flight) or open-loop (`--request-rate`, Poisson). Run it once against a server with
@@ -67,9 +67,10 @@ def repeat_requests(num_requests: int, repeat_ratio: float, hot_prompts: int, se
     if num_requests < 1:
         raise ValueError(f"--num-requests must be >= 1, got {num_requests}")
     rng = random.Random(f"kvstrata-repeat:{seed}")
+    hot_positions = set(rng.sample(range(num_requests), round(repeat_ratio * num_requests)))  # exactly the ratio
     out = []
     for i in range(num_requests):
-        if rng.random() < repeat_ratio:
+        if i in hot_positions:
             out.append(RepeatRequest(HOT_QUESTIONS[rng.randrange(hot_prompts)], True))
         else:
             thing, place = rng.choice(_THINGS), rng.choice(_PLACES)

@@ -11,7 +11,8 @@ def test_repeat_stream_is_seeded_and_mixes_hot_and_unique() -> None:
     assert reqs == repeat_requests(400, 0.5, 8, seed=3) and reqs != repeat_requests(400, 0.5, 8, seed=4)
     hot = [r.prompt for r in reqs if r.hot]
     unique = [r.prompt for r in reqs if not r.hot]
-    assert 160 <= len(hot) <= 240 and set(hot) == set(HOT_QUESTIONS)
+    assert len(hot) == 200 and set(hot) == set(HOT_QUESTIONS)
+    assert 80 <= sum(r.hot for r in reqs[:200]) <= 120  # spread over the run, not bunched
     assert len(set(unique)) == len(unique) and not set(unique) & set(HOT_QUESTIONS)
     assert {r.prompt for r in repeat_requests(50, 1.0, 1, seed=0)} == {RIVER}
     assert not any(r.hot for r in repeat_requests(50, 0.0, 8, seed=0))
