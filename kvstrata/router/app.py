@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from typing import Any, AsyncIterator
 
@@ -19,6 +18,7 @@ from kvstrata.config import RouterConfig, ServerConfig
 from kvstrata.router.gateway import Gateway
 from kvstrata.serving.errors import install_error_handlers
 from kvstrata.serving.metrics import CONTENT_TYPE
+from kvstrata.serving.server import UvicornThread
 
 logger = logging.getLogger(__name__)
 
@@ -108,31 +108,11 @@ def run_gateway(urls: list[str], server_cfg: ServerConfig, router_cfg: RouterCon
     logger.info("gateway_stop")
 
 
-class GatewayThread:
-    """The gateway on a uvicorn server in a background thread: `start()` returns once it listens."""
+class GatewayThread(UvicornThread):
+    """The gateway in a background thread: `start()` returns once it listens."""
 
     def __init__(self, urls: list[str], router_cfg: RouterConfig, server_cfg: ServerConfig | None = None) -> None:
         self.gateway = Gateway(urls, router_cfg)
         self.server_cfg = server_cfg or ServerConfig(port=0)
-        self._server = uvicorn.Server(_uvicorn_config(self.gateway, self.server_cfg))
-        self._thread = threading.Thread(target=self._server.run, name="kvstrata-gateway", daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        port = self.server_cfg.port
-        if self._server.started and self._server.servers:
-            port = self._server.servers[0].sockets[0].getsockname()[1]
-        return f"http://{self.server_cfg.host}:{port}"
-
-    def start(self, timeout_s: float = 10.0) -> GatewayThread:
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the gateway did not start on {self.base_url}; is the port free?")
-            time.sleep(0.01)
-        return self
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
+        cfg = self.server_cfg
+        super().__init__(_uvicorn_config(self.gateway, cfg), cfg.host, cfg.port, "kvstrata-gateway")

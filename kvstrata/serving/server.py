@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import uvicorn
 
@@ -94,34 +94,46 @@ def run_server(
     return 1 if died.is_set() else 0
 
 
-class ServerThread:
-    """The app on a uvicorn server in a background thread: `start()` returns once it listens."""
+_T = TypeVar("_T", bound="UvicornThread")
 
-    def __init__(self, state: ServerState) -> None:
-        self.state = state
-        self._server = uvicorn.Server(_uvicorn_config(state))
-        self._thread = threading.Thread(target=self._server.run, name="kvstrata-uvicorn", daemon=True)
+
+class UvicornThread:
+    """An app on a uvicorn server in a background thread: `start()` returns once it listens."""
+
+    def __init__(self, config: uvicorn.Config, host: str, port: int, name: str) -> None:
+        self._host, self._port = host, port
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name=name, daemon=True)
 
     @property
     def base_url(self) -> str:
         """The address it listens on (port 0 in the config means a free port picked at start)."""
-        port = self.state.server_cfg.port
+        port = self._port
         if self._server.started and self._server.servers:
             port = self._server.servers[0].sockets[0].getsockname()[1]
-        return f"http://{self.state.server_cfg.host}:{port}"
+        return f"http://{self._host}:{port}"
 
-    def start(self, timeout_s: float = 10.0) -> ServerThread:
+    def start(self: _T, timeout_s: float = 10.0) -> _T:
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"uvicorn did not start on {self.base_url}; is the port free?")
+                raise RuntimeError(f"{self._thread.name} did not start on {self.base_url}; is the port free?")
             time.sleep(0.01)
         return self
 
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=10)
+
+
+class ServerThread(UvicornThread):
+    """The kvstrata app in a background thread (tests, notebooks)."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        cfg = state.server_cfg
+        super().__init__(_uvicorn_config(state), cfg.host, cfg.port, "kvstrata-uvicorn")
 
     def drain(self, timeout_s: float) -> threading.Thread:
         """What SIGTERM does in `run_server`: refuse new requests, let running ones finish, stop."""
