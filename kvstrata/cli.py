@@ -18,6 +18,15 @@ from kvstrata.config import (
 )
 
 
+def _check_server_flags(server_cfg: ServerConfig) -> None:
+    """What a server checks at start (key file, response-cache flags): ConfigError on a bad one."""
+    from kvstrata.serving.auth import ApiKeys
+    from kvstrata.serving.response_cache_service import ResponseCacheService
+
+    ApiKeys.from_config(server_cfg)
+    ResponseCacheService(server_cfg)
+
+
 def _serve(ns: argparse.Namespace) -> int:
     from kvstrata.serving.server import run_server
 
@@ -27,6 +36,8 @@ def _serve(ns: argparse.Namespace) -> int:
     )
     if server_cfg.dp_size > 1:  # N rank processes behind the gateway (kvstrata/router/launcher.py)
         from kvstrata.router.launcher import run_data_parallel
+
+        _check_server_flags(server_cfg)  # ConfigError here, not a crash loop in every rank
 
         run_data_parallel(
             from_namespace(ModelConfig, ns), from_namespace(CacheConfig, ns), from_namespace(SchedulerConfig, ns),
@@ -72,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     route = sub.add_parser("route", help="the cache-aware gateway in front of ranks started anywhere")
     route.add_argument("--worker", action="append", required=True, metavar="URL",
                        help="a rank's base URL (http://host:port); repeat, in rank order")
-    gateway_fields = ("host", "port", "log_level")
+    gateway_fields = ("host", "port", "log_level", "api_key", "api_key_file", "metrics_public",
+                      "max_request_body_bytes", "max_json_depth", "request_body_timeout")
     add_arguments(route, ServerConfig, exclude=tuple(f.name for f in fields(ServerConfig) if f.name not in gateway_fields))
     add_arguments(route, RouterConfig)
     route.set_defaults(func=_route)

@@ -36,9 +36,11 @@ SEND_HEADERS = ("content-type", "authorization", "accept", "x-request-id")
 
 
 class Gateway:
-    def __init__(self, urls: list[str], cfg: RouterConfig) -> None:
+    def __init__(self, urls: list[str], cfg: RouterConfig, rank_key: str | None = None) -> None:
         self.cfg = cfg
-        self.pool = WorkerPool(urls)
+        # the gateway's own calls to ranks (info, metrics, flush) carry one of its keys
+        self.rank_headers = {"Authorization": f"Bearer {rank_key}"} if rank_key else {}
+        self.pool = WorkerPool(urls, self.rank_headers)
         self.policy = make_policy(cfg)
         self.metrics = RouterMetrics()
         self.hasher: PromptHasher | None = None  # loaded once a rank says which model it serves
@@ -192,11 +194,12 @@ class Gateway:
             background=BackgroundTask(_finish, upstream, done),  # also when the stream never started
         )
 
-    async def get_json(self, path: str) -> Response:
-        """A GET any ready rank can answer (/v1/models)."""
+    async def get_json(self, path: str, headers: dict[str, str]) -> Response:
+        """A GET any ready rank can answer (/v1/models), with the client's credentials."""
+        send = {k: v for k, v in headers.items() if k in SEND_HEADERS}
         for w in self.pool.ready():
             try:
-                resp = await self.client.get(w.url + path, timeout=10)
+                resp = await self.client.get(w.url + path, timeout=10, headers=send)
             except httpx.TransportError as exc:
                 self.pool.mark_down(w, f"{type(exc).__name__} on GET {path}")
                 continue
@@ -210,7 +213,7 @@ class Gateway:
 
         async def one(w: Worker) -> httpx.Response | None:
             try:
-                return await self.client.request(method, w.url + path, timeout=10)
+                return await self.client.request(method, w.url + path, timeout=10, headers=self.rank_headers)
             except httpx.HTTPError:
                 return None
 

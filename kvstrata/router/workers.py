@@ -59,10 +59,11 @@ class Worker:
 
 
 class WorkerPool:
-    def __init__(self, urls: list[str]) -> None:
+    def __init__(self, urls: list[str], headers: dict[str, str] | None = None) -> None:
         if not urls:
             raise ValueError("the gateway needs at least one rank: pass --worker URL (or --dp-size N)")
         self.workers = [Worker(rank, url.rstrip("/")) for rank, url in enumerate(urls)]
+        self.headers = headers or {}  # the gateway's key, for /v1/kvstrata/info
 
     def ready(self) -> list[Worker]:
         return [w for w in self.workers if w.ready]
@@ -94,7 +95,7 @@ class WorkerPool:
 
     async def _become_ready(self, w: Worker, client: httpx.AsyncClient) -> None:
         try:
-            resp = await client.get(w.url + "/v1/kvstrata/info", timeout=PROBE_TIMEOUT_S)
+            resp = await client.get(w.url + "/v1/kvstrata/info", timeout=PROBE_TIMEOUT_S, headers=self.headers)
         except httpx.HTTPError as exc:
             self.mark_down(w, f"info unreachable ({type(exc).__name__})")
             return

@@ -14,6 +14,12 @@ hash of it, never the key itself).
 The tenant of the key is put on the request (`request.state.tenant`); the routes mix it into the
 prefix cache's `extra_key` and the response cache's key, so two tenants never share a KV page or
 a cached response and neither can time the other's prompts.
+
+A browser cannot send a Bearer header from the address bar, so `GET /dashboard?api_key=KEY` with
+a good key serves the page and sets an HttpOnly, SameSite=Strict cookie (`COOKIE`) holding a
+token derived from the key with this process's secret (never the key itself); the page's polls
+of `/metrics` carry it. The cookie opens `COOKIE_PATHS` only, never `/v1/...` nor admin routes.
+The DP gateway runs the same middleware with the same key sources.
 """
 from __future__ import annotations
 
@@ -21,12 +27,15 @@ import hashlib
 import hmac
 import logging
 import os
-from dataclasses import dataclass, replace
+import secrets
+from dataclasses import dataclass, field, replace
+from http.cookies import SimpleCookie
+from urllib.parse import parse_qs
 
 from starlette.requests import Request
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kvstrata.config import ServerConfig
+from kvstrata.config import ConfigError, ServerConfig
 from kvstrata.serving.errors import error_response
 from kvstrata.serving.protocol import PreparedRequest
 
@@ -35,6 +44,8 @@ ENV_KEY = "KVSTRATA_API_KEY"
 OPEN_PATHS = frozenset({"/health"})
 # operational routes --metrics-public opens (the DP gateway reads /v1/kvstrata/info)
 OPERATOR_PREFIXES = ("/metrics", "/dashboard", "/flush_cache", "/response_cache", "/v1/kvstrata/")
+COOKIE = "kvstrata_dashboard"
+COOKIE_PATHS = frozenset({"/metrics", "/dashboard"})  # what the dashboard cookie opens
 
 
 def _anonymous_tenant(key: str) -> str:
@@ -46,10 +57,11 @@ class ApiKeys:
     """Key -> tenant. Empty means authentication is off."""
 
     tenants: dict[str, str]
+    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False, compare=False)
 
     @classmethod
     def from_config(cls, cfg: ServerConfig, environ: dict[str, str] | None = None) -> ApiKeys:
-        """Read the flags, the key file and the environment; ValueError names a bad file line."""
+        """Read the flags, the key file and the environment; ConfigError names a bad file line."""
         env = os.environ if environ is None else environ
         tenants = {key: _anonymous_tenant(key) for key in cfg.api_key}
         if env.get(ENV_KEY):
@@ -70,23 +82,39 @@ class ApiKeys:
                 found = tenant
         return found
 
+    @property
+    def any_key(self) -> str | None:
+        """A key of this server, for calls it makes to ranks holding the same keys (the DP gateway)."""
+        return next(iter(self.tenants), None)
+
+    def cookie_token(self, key: str) -> str:
+        """What the dashboard cookie holds for `key`: an HMAC of it, useless elsewhere."""
+        return hmac.new(self.secret, key.encode(), hashlib.sha256).hexdigest()
+
+    def tenant_of_cookie(self, token: str) -> str | None:
+        found = None
+        for known, tenant in self.tenants.items():
+            if hmac.compare_digest(self.cookie_token(known).encode(), token.encode()):
+                found = tenant
+        return found
+
 
 def read_key_file(path: str) -> dict[str, str]:
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
     except OSError as exc:
-        raise ValueError(f"--api-key-file {path}: cannot read it ({exc})") from exc
+        raise ConfigError(f"--api-key-file {path}: cannot read it ({exc})") from exc
     tenants: dict[str, str] = {}
     for number, line in enumerate(lines, 1):
         fields = line.split("#", 1)[0].split()
         if not fields:
             continue
         if len(fields) > 2:
-            raise ValueError(f"--api-key-file {path}, line {number}: write `KEY TENANT` (two fields)")
+            raise ConfigError(f"--api-key-file {path}, line {number}: write `KEY TENANT` (two fields)")
         tenants[fields[0]] = fields[1] if len(fields) == 2 else _anonymous_tenant(fields[0])
     if not tenants:
-        raise ValueError(f"--api-key-file {path}: no keys in it; write one `KEY TENANT` per line")
+        raise ConfigError(f"--api-key-file {path}: no keys in it; write one `KEY TENANT` per line")
     return tenants
 
 
@@ -119,6 +147,34 @@ def _bearer(scope: Scope) -> str | None:
     return None
 
 
+def _cookie(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"cookie":
+            jar: SimpleCookie = SimpleCookie()
+            try:
+                jar.load(value.decode("latin-1"))
+            except Exception:  # noqa: BLE001 - a malformed Cookie header is no credential
+                return None
+            morsel = jar.get(COOKIE)
+            return morsel.value if morsel is not None else None
+    return None
+
+
+def _query_key(scope: Scope) -> str | None:
+    values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("api_key")
+    return values[0] if values else None
+
+
+def _refuse(given: bool) -> object:
+    msg = (
+        "Incorrect API key provided; send `Authorization: Bearer KEY` with a key this server was given"
+        if given else
+        "Missing API key; send `Authorization: Bearer KEY` (or open /dashboard?api_key=KEY in a browser)"
+    )
+    return error_response(401, msg, "invalid_request_error", code="invalid_api_key",
+                          headers={"WWW-Authenticate": "Bearer"})
+
+
 class AuthMiddleware:
     """401 with an OpenAI-style body unless the request carries a known `Authorization: Bearer` key."""
 
@@ -133,21 +189,33 @@ class AuthMiddleware:
         return self.metrics_public and path.startswith(OPERATOR_PREFIXES)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or not self.keys.enabled:
             await self.app(scope, receive, send)
             return
+        path = scope["path"]
         token = _bearer(scope)
-        tenant = self.keys.tenant_of(token) if token is not None and self.keys.enabled else None
-        if tenant is None and not self._is_open(scope["path"]):
-            logger.info("auth_refused path=%s reason=%s", scope["path"], "no_key" if token is None else "bad_key")
-            msg = (
-                "Incorrect API key provided; send `Authorization: Bearer KEY` with a key this server was given"
-                if token is not None else
-                "Missing API key; send `Authorization: Bearer KEY`"
-            )
-            response = error_response(401, msg, "invalid_request_error", code="invalid_api_key",
-                                      headers={"WWW-Authenticate": "Bearer"})
-            await response(scope, receive, send)
+        query_key = _query_key(scope) if path == "/dashboard" and token is None else None
+        given = token if token is not None else query_key
+        tenant = self.keys.tenant_of(given) if given is not None else None
+        if tenant is None and given is None and path in COOKIE_PATHS and (cookie := _cookie(scope)) is not None:
+            tenant = self.keys.tenant_of_cookie(cookie)
+            given = cookie
+        if tenant is None and not self._is_open(path):
+            logger.info("auth_refused path=%s reason=%s", path, "no_key" if given is None else "bad_key")
+            await _refuse(given is not None)(scope, receive, send)  # type: ignore[operator]
             return
         scope.setdefault("state", {})["tenant"] = tenant
+        if query_key is not None and tenant is not None:  # the browser keeps the key as a cookie
+            send = self._setting_cookie(send, self.keys.cookie_token(query_key))
         await self.app(scope, receive, send)
+
+    @staticmethod
+    def _setting_cookie(send: Send, token: str) -> Send:
+        cookie = f"{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict".encode()
+
+        async def send_with_cookie(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (b"set-cookie", cookie)]}
+            await send(message)
+
+        return send_with_cookie

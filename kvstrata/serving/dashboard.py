@@ -3,7 +3,11 @@
 requests running/waiting and KV pool usage. No CDN, no JS library: canvas drawn by hand.
 
 `install_dashboard_route(app)` mounts it on any FastAPI app that also serves `/metrics` in
-kvstrata's (or vLLM's) Prometheus names: the server does, and the gateway can.
+kvstrata's (or vLLM's) Prometheus names: the server does, and so does the DP gateway, whose
+/metrics holds every rank's series (labelled `rank`; the page sums them, and averages KV usage).
+
+With API keys on and no --metrics-public, open `/dashboard?api_key=KEY`: the auth middleware
+(auth.py) serves the page and sets an HttpOnly cookie that the page's polls of ./metrics carry.
 """
 from __future__ import annotations
 

@@ -159,7 +159,8 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
 async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     headers = dict(exc.headers) if exc.headers else None
-    where = f"{request.method} {request.url.path}"
+    path = request.url.path
+    where = f"{request.method} {path if len(path) <= 200 else path[:200] + '...'}"  # no 100 KB echo
     if exc.status_code == 404:
         msg = f"Invalid URL ({where}); see GET /v1/models and POST /v1/chat/completions"
         err = APIError(404, msg, code="not_found")

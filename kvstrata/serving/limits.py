@@ -4,11 +4,15 @@
 - JSON nested deeper than `--max-json-depth`: 400 (deep nesting costs parsers stack and time and
   no OpenAI request needs more than a few levels);
 - a string escaping half a surrogate pair (`"\\ud800"`), which no UTF-8 text can hold: 400.
-- request headers over `MAX_HEADER_BYTES` in all: 431.
+- request headers over `MAX_HEADER_BYTES` in all: 431 (beyond `PARSER_BUFFER_BYTES` the HTTP
+  parser itself answers 431, see http_protocol.py);
+- a body that stops arriving (a Content-Length longer than what is sent) for
+  `--request-body-timeout` seconds: 408.
 All answers are OpenAI-style JSON errors.
 """
 from __future__ import annotations
 
+import asyncio
 import re
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -16,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from kvstrata.serving.errors import error_response
 
 MAX_HEADER_BYTES = 32 * 1024  # names and values together; browsers send a few KiB
+PARSER_BUFFER_BYTES = 4 * MAX_HEADER_BYTES  # uvicorn/h11 buffer a request line + headers up to this
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)  # a JSON string, escapes included
 _BRACKET = re.compile(rb"[\[\]{}]")
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -59,13 +64,18 @@ class _TooLarge(Exception):
     pass
 
 
+class _Stalled(Exception):
+    pass
+
+
 class RequestLimitsMiddleware:
     """Read the body once (bounded), check it, then hand it to the app as if it came off the wire."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, max_json_depth: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, max_json_depth: int, body_timeout_s: float = 5.0) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_json_depth = max_json_depth
+        self.body_timeout_s = body_timeout_s
 
     def _too_large(self) -> object:
         return error_response(
@@ -77,7 +87,10 @@ class RequestLimitsMiddleware:
         chunks: list[bytes] = []
         size = 0
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.body_timeout_s)
+            except asyncio.TimeoutError:
+                raise _Stalled() from None
             if message["type"] != "http.request":
                 break
             chunk = message.get("body", b"")
@@ -110,6 +123,13 @@ class RequestLimitsMiddleware:
             body = await self._read(receive)
         except _TooLarge:
             await self._too_large()(scope, receive, send)  # type: ignore[operator]
+            return
+        except _Stalled:
+            response = error_response(
+                408, f"the request body stopped arriving for {self.body_timeout_s:g} s before its Content-Length "
+                     "was reached; send the whole body (the server's --request-body-timeout)", code="request_timeout",
+            )
+            await response(scope, receive, send)
             return
         if json_depth(body) > self.max_json_depth:
             response = error_response(

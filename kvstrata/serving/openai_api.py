@@ -35,7 +35,7 @@ from kvstrata.serving.protocol import (
 from kvstrata.serving.rank_info import install_rank_info_route
 from kvstrata.serving.response_cache_key import CHAT, COMPLETIONS
 from kvstrata.serving.response_cache_replay import replay
-from kvstrata.serving.response_cache_service import Ticket
+from kvstrata.serving.response_cache_service import CacheHeaderOnErrors, Ticket
 from kvstrata.serving.shutdown import LifecycleMiddleware
 from kvstrata.serving.state import ServerState
 from kvstrata.serving.streaming import (
@@ -160,15 +160,19 @@ async def _serve_cached(
 
 
 def build_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="kvstrata", description="OpenAI-compatible LLM server with a tiered prefix KV cache")
+    app = FastAPI(
+        title="kvstrata", description="OpenAI-compatible LLM server with a tiered prefix KV cache",
+        redirect_slashes=False,  # no 307 to the slash-less path: an API client gets a JSON 404 instead
+    )
     app.state.kvstrata = state
     install_error_handlers(app)
-    # outermost last: draining 503 and in-flight count, then the API key, then body limits
+    # outermost last: the cache header on errors, draining 503 and in-flight count, the API key, body limits
     cfg = state.server_cfg
     app.add_middleware(RequestLimitsMiddleware, max_body_bytes=cfg.max_request_body_bytes,
-                       max_json_depth=cfg.max_json_depth)
+                       max_json_depth=cfg.max_json_depth, body_timeout_s=cfg.request_body_timeout)
     app.add_middleware(AuthMiddleware, keys=state.api_keys, metrics_public=cfg.metrics_public)
     app.add_middleware(LifecycleMiddleware, lifecycle=state.lifecycle)
+    app.add_middleware(CacheHeaderOnErrors)  # x-kvstrata-cache: bypass on every error of the completion routes
     install_health_route(app, state)  # /health, /health?deep=1
 
     def model_card(engine: AsyncEngine) -> dict[str, Any]:

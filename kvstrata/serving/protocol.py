@@ -2,13 +2,15 @@
 
 Pydantic checks types (strict: "5" is not an int, 1.0 is not an int, "true" is not a bool) and
 shapes; `prepare_chat` / `prepare_completion` check values against the loaded model and return a
-`PreparedRequest`. Unknown fields are ignored (clients send extras). Fields we accept but cannot
-honour (logprobs, penalties, json response_format, ...) are refused with a 400 rather than ignored.
+`PreparedRequest`. Unknown fields are ignored, as vLLM does (clients send vendor fields through
+`extra_body`; OpenAI itself refuses them). Fields we accept but cannot honour (logprobs,
+penalties, min_p, json response_format, ...) are refused with a 400 rather than ignored.
 
 max_tokens: when absent, chat gets the rest of the context and completions get 16 (OpenAI's
 defaults). When prompt + max_tokens exceeds the context, max_tokens is clamped to what fits (the
 engine's `check_prompt` does the same), and the choice ends with finish_reason "length"; a
-prompt that leaves no room for even one token is a 400 naming both numbers.
+prompt that leaves no room for even one token, or a max_tokens no prompt leaves room for (>= the
+context), is a 400 naming both numbers.
 
 /v1/completions takes a batch of prompts too: P prompts with n choices give P*n choices, choice
 p*n + i being the i-th of prompt p; usage counts each prompt once.
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
+MAX_TOP_LOGPROBS = 20
 _STRICT = ConfigDict(strict=True, extra="ignore")
 # what the plain validators below accept, for /openapi.json (clients, and the schemathesis fuzz test)
 _TEXT_PART: dict[str, Any] = {
@@ -67,6 +71,8 @@ class ChatMessage(BaseModel):
     def _content_present(self) -> ChatMessage:
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
             raise ValueError(f"a message with role '{self.role}' needs 'content'")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a message with role 'tool' needs 'tool_call_id', the id of the call it answers")
         return self
 
     def for_template(self) -> dict[str, Any]:
@@ -98,8 +104,10 @@ class _SamplingRequest(BaseModel):
     ignore_eos: bool = False
     user: str | None = None
     cache_salt: str | None = Field(default=None, min_length=1)
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # vLLM's; 1 = off
+    min_p: float | None = Field(default=None, ge=0, le=1)  # vLLM's; 0 = off
     logit_bias: dict[str, float] | None = None
     timeout: float | None = Field(default=None, gt=0, le=86400)  # seconds; past it the request is aborted (408)
 
@@ -110,10 +118,26 @@ class _SamplingRequest(BaseModel):
             return v
         raise ValueError("stop must be a string or a list of strings")
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias_shape(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (v or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids written as strings, got {key!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias values must be between -100 and 100, got {bias}")
+        return v
+
     def refuse_unsupported(self) -> None:
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                raise InvalidRequestError(f"{name} is not supported; omit it or send 0", name, "unsupported")
+        """Values out of OpenAI's ranges and features we cannot honour: 400 naming the field."""
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequestError("stream_options is only allowed when stream is true", "stream_options")
+        if self.temperature is not None and self.temperature > MAX_TEMPERATURE:
+            msg = f"temperature must be between 0 and {MAX_TEMPERATURE}, got {self.temperature}"
+            raise InvalidRequestError(msg, "temperature")
+        for name, off in (("presence_penalty", 0), ("frequency_penalty", 0), ("min_p", 0), ("repetition_penalty", 1)):
+            if getattr(self, name) not in (None, off):
+                raise InvalidRequestError(f"{name} is not supported; omit it or send {off}", name, "unsupported")
         if self.logit_bias:
             raise InvalidRequestError("logit_bias is not supported; omit it", "logit_bias", "unsupported")
 
@@ -145,8 +169,22 @@ class ChatCompletionRequest(_SamplingRequest):
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
 
+    @field_validator("tools")
+    @classmethod
+    def _function_tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for i, tool in enumerate(v or []):
+            fn = tool.get("function")
+            if tool.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise ValueError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., ...}}}}")
+        return v
+
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
+        if self.top_logprobs is not None and not (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
+            msg = f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.top_logprobs}"
+            raise InvalidRequestError(msg, "top_logprobs")
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidRequestError("top_logprobs needs logprobs: true", "top_logprobs")
         if self.logprobs or self.top_logprobs:
             msg = "logprobs are not supported; omit logprobs/top_logprobs"
             raise InvalidRequestError(msg, "logprobs", "unsupported")
@@ -155,6 +193,8 @@ class ChatCompletionRequest(_SamplingRequest):
                 f"response_format {self.response_format.get('type')!r} is not supported; only {{'type': 'text'}}",
                 "response_format", "unsupported",
             )
+        if self.tool_choice not in (None, "none") and not self.tools:
+            raise InvalidRequestError("tool_choice is only allowed when tools are given", "tool_choice")
         if self.tool_choice not in (None, "auto", "none"):
             msg = "tool_choice may be 'auto' or 'none'; forcing a tool call is not supported"
             raise InvalidRequestError(msg, "tool_choice", "unsupported")
@@ -227,6 +267,12 @@ def _finish(
                 f"(including at least 1 generated token); shorten the prompt",
                 "messages" if isinstance(req, ChatCompletionRequest) else "prompt", "context_length_exceeded",
             )
+    if max_tokens is not None and max_tokens >= limit:
+        name = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
+        raise InvalidRequestError(
+            f"{name} is too large: {max_tokens}; the model's context is {limit} tokens, prompt included, so at "
+            f"most {limit - 1} can be generated", name, "context_length_exceeded",
+        )
     room = limit - max(len(ids) for ids in prompts)
     wanted = max_tokens if max_tokens is not None else (default or room)
     params = req.sampling_params(min(wanted, room))

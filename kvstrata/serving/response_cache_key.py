@@ -38,12 +38,14 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "top_k": (0, -1),
     "presence_penalty": (0.0,),
     "frequency_penalty": (0.0,),
+    "min_p": (0.0,),
+    "repetition_penalty": (1.0,),
     "logit_bias": ({},),
     "stop": ([],),
     "stop_token_ids": ([],),
     "response_format": ({"type": "text"},),
 }
-_FLOATS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+_FLOATS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p", "repetition_penalty")
 
 
 def canonical_body(req: BaseModel) -> dict[str, Any]:

@@ -11,7 +11,7 @@ with a `Ticket`:
   finished with stop/length, and must call `ticket.release()` when done (record does it too).
 Every response carries `x-kvstrata-cache: hit|miss|bypass` (`ticket.headers`).
 
-Flags are checked at construction, so a bad one stops the server at start. The key namespace
+Flags are checked at construction (ConfigError), so a bad one stops the server at start. The key namespace
 (model and chat template) needs the engine, so the cache itself, and the fixed keys, are built at
 the first request that finds an engine.
 """
@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from fastapi import Request
 from pydantic import BaseModel
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kvstrata.config import ServerConfig
+from kvstrata.config import ConfigError, ServerConfig
 from kvstrata.engine.outputs import RequestOutput
 from kvstrata.engine.sampling_params import InvalidRequestError
 from kvstrata.serving.auth import request_tenant
@@ -103,18 +104,21 @@ class ResponseCacheService:
     def __init__(self, cfg: ServerConfig, metrics: Metrics | None = None) -> None:
         size, list_size, path = cfg.response_cache_size, cfg.response_cache_list_size, cfg.response_cache_fixed_keys
         if size < 0:
-            raise ValueError(f"--response-cache-size must be >= 0 keys (0 = off), got {size}")
+            raise ConfigError(f"--response-cache-size must be >= 0 keys (0 = off), got {size}")
         if list_size < 1:
-            raise ValueError(f"--response-cache-list-size must be at least 1 result per key, got {list_size}")
+            raise ConfigError(f"--response-cache-list-size must be at least 1 result per key, got {list_size}")
         if path is not None and size == 0:
-            raise ValueError("--response-cache-fixed-keys needs the cache on: give --response-cache-size > 0")
+            raise ConfigError("--response-cache-fixed-keys needs the cache on: give --response-cache-size > 0")
         if path is not None and not os.path.isfile(path):
-            raise ValueError(
+            raise ConfigError(
                 f"--response-cache-fixed-keys {path}: no such file; give a JSON-lines file of request bodies"
             )
         self.size, self.list_size = size, list_size
         self.enabled = size > 0
-        self._fixed_requests = load_fixed_keys(path) if path is not None else []
+        try:
+            self._fixed_requests = load_fixed_keys(path) if path is not None else []
+        except ValueError as exc:  # a line that is not a request body
+            raise ConfigError(f"--response-cache-fixed-keys {exc}") from exc
         self._metrics = metrics
         self._cache: ResponseCache[CachedResponse] | None = None
         self._namespace = ""
@@ -197,3 +201,28 @@ async def _opted_out(request: Request) -> bool:
     if not isinstance(flag, bool):
         raise InvalidRequestError(f"cache must be true or false, got {flag!r}", "cache", "invalid_value")
     return not flag
+
+
+class CacheHeaderOnErrors:
+    """ASGI middleware: an error answer (4xx/5xx) of a completion route that set no cache header
+    (validation, auth, limits, draining, a failed request) gets `x-kvstrata-cache: bypass`, so
+    every response of those routes says what the cache did."""
+
+    ROUTES = frozenset({"/v1/completions", "/v1/chat/completions"})
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in self.ROUTES:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_marked(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                headers = list(message.get("headers", []))
+                if not any(name.lower() == CACHE_HEADER.encode() for name, _ in headers):
+                    message = {**message, "headers": [*headers, (CACHE_HEADER.encode(), BYPASS.status.encode())]}
+            await send(message)
+
+        await self.app(scope, receive, send_marked)

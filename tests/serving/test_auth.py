@@ -12,7 +12,7 @@ import pytest
 from kvstrata.cli import build_parser
 from kvstrata.config import ServerConfig, from_namespace
 from kvstrata.engine.async_engine import AsyncEngine
-from kvstrata.serving.auth import ApiKeys, read_key_file, tenant_extra_key
+from kvstrata.serving.auth import COOKIE, ApiKeys, read_key_file, tenant_extra_key
 from kvstrata.serving.limits import json_depth
 from serving_support import assert_error, make_state, serve
 
@@ -163,3 +163,23 @@ def test_prompt_text_stays_out_of_the_log(http: httpx.Client, caplog: pytest.Log
                   headers=auth(ALICE))
         http.post("/v1/completions", json={"prompt": secret, "max_tokens": -1}, headers=auth(ALICE))  # a 400
     assert caplog.records and not [r for r in caplog.records if secret in r.getMessage()]
+
+
+def test_dashboard_api_key_in_the_url_sets_a_cookie_for_dashboard_and_metrics_only(http: httpx.Client) -> None:
+    with httpx.Client(base_url=str(http.base_url), timeout=30) as browser:
+        assert_error(browser.get("/dashboard", params={"api_key": "sk-wrong"}), 401, code="invalid_api_key")
+        assert_error(browser.get("/metrics", params={"api_key": ALICE}), 401)  # the URL key is for /dashboard only
+        assert not browser.cookies
+        page = browser.get("/dashboard", params={"api_key": ALICE})
+        assert page.status_code == 200 and "<canvas" in page.text
+        cookie = page.headers["set-cookie"]
+        assert cookie.startswith(f"{COOKIE}=") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        assert ALICE not in cookie
+        assert browser.get("/metrics").status_code == 200  # the page's polls carry the cookie
+        assert browser.get("/dashboard").status_code == 200
+        for method, path in [("GET", "/v1/models"), ("GET", "/response_cache"), ("POST", "/flush_cache")]:
+            assert_error(browser.request(method, path), 401, code="invalid_api_key")
+        resp = browser.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
+        assert_error(resp, 401)
+    with httpx.Client(base_url=str(http.base_url), cookies={COOKIE: "f" * 64}) as forged:
+        assert_error(forged.get("/metrics"), 401)

@@ -96,6 +96,7 @@ CHANGES_OUTPUT = {  # field -> a value that must give another key
     "messages": [{"role": "user", "content": "hello"}], "max_tokens": 9, "max_completion_tokens": 10,
     "temperature": 0.5, "top_p": 0.9, "top_k": 5, "seed": 1, "stop": ["x"], "stop_token_ids": [5], "n": 2,
     "ignore_eos": True, "cache_salt": "tenant-b", "presence_penalty": 0.5, "frequency_penalty": 0.5,
+    "min_p": 0.1, "repetition_penalty": 1.2,
     "logit_bias": {"5": 1.0}, "logprobs": True, "top_logprobs": 2, "tools": [TOOL], "tool_choice": "none",
     "response_format": {"type": "json_object"},
 }
