@@ -1,5 +1,9 @@
 """How often bfloat16 greedy output drifts from float32, and whether the prefix cache changes
-bfloat16 output. Prints counts; run: `.venv/bin/python bench/bf16_drift.py [--prompts 24]`."""
+bfloat16 output. Prints counts; run: `.venv/bin/python bench/bf16_drift.py [--prompts 24]`.
+
+The multi-turn part (`--conversations N`) replays 3-turn chats with the cache on and off: turn 2
+and 3 reuse K/V that turn 1 computed in decode steps (on the int4 weights with `--q4-decode`,
+bf16's default) where the cache-off run recomputes them in a prefill on the dense weights."""
 from __future__ import annotations
 
 import argparse
@@ -24,7 +28,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--conversations", type=int, default=8, help="3-turn chats for the multi-turn part (0: skip)")
+    ap.add_argument("--q4-decode", default="auto", choices=["auto", "on", "off"])
     ns = ap.parse_args()
+    if ns.conversations:
+        multiturn(ns.conversations, ns.tokens, ns.q4_decode)
     greedy = SamplingParams(max_tokens=ns.tokens, temperature=0.0)
     fp32 = LLM("smollm2", dtype="float32", enable_prefix_caching=False)
     tok = fp32.tokenizer
@@ -35,10 +43,10 @@ def main() -> None:
         for t in rng.sample(TOPICS, min(ns.prompts, len(TOPICS)))]
     ref = [fp32.generate([p], greedy)[0].token_ids for p in prompts]
     del fp32
-    off = LLM("smollm2", dtype="bfloat16", enable_prefix_caching=False)
+    off = LLM("smollm2", dtype="bfloat16", enable_prefix_caching=False, q4_decode=ns.q4_decode)
     bf_off = [off.generate([p], greedy)[0].token_ids for p in prompts]
     del off
-    on = LLM("smollm2", dtype="bfloat16")
+    on = LLM("smollm2", dtype="bfloat16", q4_decode=ns.q4_decode)
     bf_on = [on.generate([p], greedy)[0] for p in prompts]  # prompt 2.. hit the shared system prompt
     hits = sum(1 for o in bf_on if o.cached_tokens > 0)
     d32 = [first_diff(a, b) for a, b in zip(ref, bf_off)]
@@ -49,6 +57,27 @@ def main() -> None:
           f"first divergence at tokens {sorted(d for d in d32 if d is not None)}")
     print(f"bf16 cache on identical to bf16 cache off: {dcache.count(None)}/{n} ({hits} served a cached prefix); "
           f"first divergence at tokens {sorted(d for d in dcache if d is not None)}")
+
+
+def multiturn(conversations: int, tokens: int, q4_decode: str) -> None:
+    greedy = SamplingParams(max_tokens=tokens, temperature=0.0)
+    topics = random.Random(1).sample(TOPICS, min(conversations, len(TOPICS)))
+    runs: list[list[list[int]]] = []
+    for caching in (False, True):
+        llm = LLM("smollm2", dtype="bfloat16", enable_prefix_caching=caching, q4_decode=q4_decode)
+        outs: list[list[int]] = []
+        for topic in topics:
+            chat = [{"role": "system", "content": "You are a helpful assistant."}]
+            for question in (f"Tell me about {topic}.", "Say more.", "Summarize that in one line."):
+                chat.append({"role": "user", "content": question})
+                out = llm.chat(chat, greedy)
+                outs.append(out.token_ids)
+                chat.append({"role": "assistant", "content": out.text})
+        runs.append(outs)
+        del llm
+    d = [first_diff(a, b) for a, b in zip(*runs)]
+    print(f"multi-turn bf16 q4_decode={q4_decode}: cache on identical to cache off: {d.count(None)}/{len(d)} replies "
+          f"({len(topics)} chats x 3 turns); first divergence at tokens {sorted(x for x in d if x is not None)}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig, check_config
+from kvstrata.config import CacheConfig, ConfigError, ModelConfig, SchedulerConfig, check_config
 from kvstrata.engine.kv_manager import KVCacheManager
 from kvstrata.engine.output_processor import OutputProcessor
 from kvstrata.engine.outputs import EngineOverloadedError, RequestOutput
@@ -25,6 +25,7 @@ from kvstrata.model.arch import ModelArch
 from kvstrata.model.attention import make_attention_backend
 from kvstrata.model.fetch import resolve_model
 from kvstrata.model.llama import LlamaModel
+from kvstrata.model.q4_weights import q4_decode_wanted
 from kvstrata.model.tokenizer import Tokenizer
 from kvstrata.model.weights import load_weights
 
@@ -52,15 +53,21 @@ class Engine:
         if model_cfg.num_threads:
             torch.set_num_threads(model_cfg.num_threads)
         path = resolve_model(model_cfg.model)
-        weights = load_weights(path)
-        arch = weights.arch
-        self.tokenizer = Tokenizer.from_path(path)
         dtype_name = model_cfg.torch_dtype_name()
         dtype = DTYPES[dtype_name]
         device = torch.device(model_cfg.device)
+        try:
+            want_q4 = q4_decode_wanted(model_cfg.q4_decode, device, dtype)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        weights = load_weights(path, keep_q4=want_q4)
+        arch = weights.arch
+        self.tokenizer = Tokenizer.from_path(path)
         attention = make_attention_backend(model_cfg.attention_backend)
-        self.model = LlamaModel(arch, weights.tensors, dtype, device, attention)
-        del weights.tensors
+        self.model = LlamaModel(arch, weights.tensors, dtype, device, attention, q4=weights.q4)
+        if model_cfg.q4_decode == "on" and not self.model.uses_int4:
+            raise ConfigError(f"--q4-decode on: {path.name} has no Q4_0/Q4_1 linears; use a Q4 GGUF or --q4-decode off")
+        del weights.tensors, weights.q4
 
         ps = cache_cfg.page_size
         per_page = PagePool.bytes_per_page(ps, arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype)
@@ -69,7 +76,9 @@ class Engine:
         else:
             num_pages = max(1, int(cache_cfg.kv_cache_memory * 1e9) // per_page)
         self.pool = PagePool(num_pages, ps, arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype, device)
-        root = namespace_root(path.name + ":" + weights.identity, dtype_name, ps, "llama-paged-v1")
+        # decode-computed K/V differ (slightly) between the int4 and dense paths: separate namespaces
+        layout = "llama-paged-v1" + ("+q4decode" if self.model.uses_int4 else "")
+        root = namespace_root(path.name + ":" + weights.identity, dtype_name, ps, layout)
         cache = RadixPrefixCache(self.pool, ps, root) if cache_cfg.enable_prefix_caching else None
         self.prefix_cache = cache
         # KV events in vLLM's wire format, for the DP gateway and outside routers (None when off)
@@ -201,7 +210,8 @@ class Engine:
         self.scheduler.check_integrity()
 
     def close(self, drain_timeout_s: float = 5.0) -> None:
-        """Release what outlives the step loop: in-flight L3 writes are drained, bounded in time."""
+        """Release what outlives the step loop (call it once the loop has stopped): L1 and L2 pages the
+        L3 store lacks are flushed to it and in-flight writes drained, bounded by `drain_timeout_s`."""
         if self.tiers is not None:
             self.tiers.close(drain_timeout_s)
 

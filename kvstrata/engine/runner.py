@@ -6,6 +6,7 @@ import torch
 from kvstrata.engine.scheduler import ScheduledBatch
 from kvstrata.kv.pool import PagePool
 from kvstrata.model.attention import AttentionMetadata, PrefillSeq
+from kvstrata.model.cascade_attention import shared_leading_pages
 from kvstrata.model.llama import LlamaModel
 from kvstrata.model.sampler import SampleSpec, sample
 
@@ -55,6 +56,7 @@ class ModelRunner:
             lens = self._tensor(decode_lens)
             meta.decode_mask = (torch.arange(pmax * ps, device=self.device)[None, :] < lens[:, None])[:, None, None, :]
             meta.decode_lens = decode_lens
+            meta.decode_shared_pages = shared_leading_pages(decode_tables, decode_lens, ps)
         return self._tensor(ids), self._tensor(positions), meta, self._tensor(logit_rows)
 
     def run(self, batch: ScheduledBatch) -> list[int | None]:

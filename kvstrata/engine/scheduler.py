@@ -7,6 +7,8 @@ being prefetched from L3 (`KVCacheManager.ready`) keeps its place while the ones
 cannot get pages, the most recently admitted request is preempted by recompute: its pages go back
 (its computed full pages stay in the prefix cache) and it re-enters the front of the queue with
 its generated tokens, so it resumes and finishes with the same output.
+With the prefix cache on, a waiting request whose prompt shares pages that a running request is
+still prefilling also keeps its place until they are cached (prefill_dedup.py: computed once).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 
 from kvstrata.config import SchedulerConfig
 from kvstrata.engine.kv_manager import KVCacheManager
+from kvstrata.engine.prefill_dedup import follows_inflight_prefill
 from kvstrata.engine.request import Request, RequestStatus
 
 
@@ -40,6 +43,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.dedup_prefill = cfg.dedup_prefill and kv.cache is not None
 
     def can_add(self) -> bool:
         """Whether the waiting queue has room (`max_queue_requests`); preempted requests skip this."""
@@ -82,10 +86,12 @@ class Scheduler:
                 i += 1
                 continue
             break
-        w = 0  # requests whose prefix is still coming from L3 wait in place; the ones behind go on
+        w = 0  # requests whose prefix is coming from L3 or being prefilled wait in place; the ones behind go on
         while w < len(self.waiting) and budget > 0 and not preempted and len(self.running) < self.cfg.max_num_seqs:
             req = self.waiting[w]
-            if not self.kv.ready(req):
+            if not self.kv.ready(req) or (
+                self.dedup_prefill and follows_inflight_prefill(req, self.running, self.kv.page_size)
+            ):
                 w += 1
                 continue
             hit = self.kv.admit(req)  # waiting requests hold no pages

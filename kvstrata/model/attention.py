@@ -7,7 +7,8 @@ Two groups:
   - prefill rows (q_len > 1): attended one sequence at a time (no padding waste on long chunks),
     with torch's scaled_dot_product_attention (a flash kernel on CPU);
   - decode rows (q_len == 1): one padded batch, attended with two grouped matmuls
-    (`grouped_decode_attention`: on CPU in bf16 it is ~6x faster than SDPA for one query row).
+    (`grouped_decode_attention`: on CPU in bf16 it is ~6x faster than SDPA for one query row);
+    when the rows start with the same pages, those are read once (cascade_attention.py).
 K/V are gathered a page at a time (one contiguous page_size * Hkv * D block per index), which
 copies far faster than gathering token slots.
 
@@ -21,6 +22,8 @@ from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
+
+from kvstrata.model.cascade_attention import cascade_decode_attention
 
 
 @dataclass
@@ -40,6 +43,7 @@ class AttentionMetadata:
     decode_pages: torch.Tensor | None = None  # [B, Pmax] long, padded with page 0
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, Pmax * page_size] bool: True = real token
     decode_lens: list[int] | None = None  # [B] context length of each decode row
+    decode_shared_pages: int = 0  # leading pages all decode rows share (cascade_attention.py), 0 = off
 
 
 class AttentionBackend(Protocol):
@@ -76,12 +80,15 @@ def grouped_decode_attention(
     B, H, D = q.shape
     Hkv = k.shape[2]
     qg = q.view(B, Hkv, H // Hkv, D)  # query head h uses kv head h // (H / Hkv)
-    kt = k.permute(0, 2, 3, 1)  # [B, Hkv, D, L]
-    scores = torch.matmul(qg, kt).float() * (D**-0.5)  # [B, Hkv, G, L]
+    # head-major copies: matmul on a transposed *contiguous* operand takes the BLAS path directly
+    # (2x faster at 2k tokens than letting matmul copy the permuted view itself)
+    kh = k.permute(0, 2, 1, 3).contiguous()  # [B, Hkv, L, D]
+    vh = v.permute(0, 2, 1, 3).contiguous()
+    scores = torch.matmul(qg, kh.transpose(-1, -2)).float() * (D**-0.5)  # [B, Hkv, G, L]
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = scores.softmax(-1).to(v.dtype)
-    out = torch.matmul(probs, v.transpose(1, 2))  # [B, Hkv, G, D]
+    out = torch.matmul(probs, vh)  # [B, Hkv, G, D]
     return out.reshape(B, H, D)
 
 
@@ -120,6 +127,15 @@ class TorchSDPABackend:
         """q: [B, H, D], one token per sequence -> [B, H, D]."""
         assert meta.decode_pages is not None
         assert meta.decode_lens is not None
+        c = meta.decode_shared_pages
+        if c:  # the shared leading pages once, then each row's own
+            assert meta.decode_mask is not None
+            ps, shared = meta.page_size, meta.decode_pages[0, :c]
+            own = meta.decode_pages[:, c:]
+            return cascade_decode_attention(
+                q, gather_pages(k_cache, shared, ps), gather_pages(v_cache, shared, ps),
+                gather_pages(k_cache, own, ps), gather_pages(v_cache, own, ps), meta.decode_mask[..., c * ps :],
+            )
         k = gather_pages(k_cache, meta.decode_pages, meta.page_size)  # [B, Pmax * ps, Hkv, D]
         v = gather_pages(v_cache, meta.decode_pages, meta.page_size)
         if q.shape[0] == 1:  # one sequence: cut the unused tail of its last page instead of masking

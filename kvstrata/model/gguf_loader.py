@@ -5,6 +5,8 @@ F16, BF16, Q4_0/1, Q5_0/1, Q8_0, K-quants, IQ*), reshaped to torch order (GGUF l
 innermost first), renamed, and for the `llama` architecture the Q/K rows are un-permuted:
 llama.cpp's converter interleaves each head's two RoPE halves (`permute` in
 convert_hf_to_gguf.py); Hugging Face keeps them as [first half | second half].
+With `keep_q4`, linears stored as Q4_0/Q4_1 also come back as their 4-bit blocks (q4_weights.py),
+un-permuted the same way, for the int4 decode path.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import torch
 
 from kvstrata.model.arch import ModelArch
 from kvstrata.model.gguf_header import GGUFTensorInfo, gguf_identity, read_gguf_header
+from kvstrata.model.q4_weights import Q4Weight, read_q4
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +61,10 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def load_gguf(path: Path, num_threads: int | None = None) -> tuple[ModelArch, dict[str, torch.Tensor], str]:
-    """(arch, float32 tensors by HF name, identity) for the GGUF file at `path`."""
+def load_gguf(
+    path: Path, num_threads: int | None = None, keep_q4: bool = False
+) -> tuple[ModelArch, dict[str, torch.Tensor], str, dict[str, Q4Weight]]:
+    """(arch, float32 tensors by HF name, identity, 4-bit linears by HF name if `keep_q4`) of `path`."""
     header = read_gguf_header(path)
     arch = ModelArch.from_gguf_metadata(header.metadata, header.tensor_names())
     wanted: list[tuple[GGUFTensorInfo, str]] = []
@@ -75,13 +80,16 @@ def load_gguf(path: Path, num_threads: int | None = None) -> tuple[ModelArch, di
     threads = num_threads or min(8, torch.get_num_threads())
     # numpy releases the GIL in the dequant kernels, so tensors dequantize in parallel.
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        results = pool.map(lambda item: _load_tensor(data, item[0], item[1], arch), wanted)
-        tensors = dict(zip((name for _, name in wanted), results))
+        results = list(pool.map(lambda item: _load_tensor(data, item[0], item[1], arch, keep_q4), wanted))
     del data
-    return arch, tensors, gguf_identity(header)
+    tensors = {name: tensor for (_, name), (tensor, _) in zip(wanted, results)}
+    q4 = {name: q for (_, name), (_, q) in zip(wanted, results) if q is not None}
+    return arch, tensors, gguf_identity(header), q4
 
 
-def _load_tensor(data: np.memmap, info: GGUFTensorInfo, name: str, arch: ModelArch) -> torch.Tensor:
+def _load_tensor(
+    data: np.memmap, info: GGUFTensorInfo, name: str, arch: ModelArch, keep_q4: bool
+) -> tuple[torch.Tensor, Q4Weight | None]:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
@@ -94,10 +102,13 @@ def _load_tensor(data: np.memmap, info: GGUFTensorInfo, name: str, arch: ModelAr
         values = values.copy()
     values = values.astype(np.float32, copy=False).reshape(info.shape)
     tensor = torch.from_numpy(values)
+    q4 = read_q4(raw, qtype.name, tuple(info.shape)) if keep_q4 and name.endswith("proj.weight") else None
     if arch.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
         heads = arch.num_heads if name.endswith("q_proj.weight") else arch.num_kv_heads
         tensor = unpermute_rope_rows(tensor, heads)
-    return tensor
+        if q4 is not None:
+            q4 = q4.rows(unpermute_rope_rows(torch.arange(tensor.shape[0]).unsqueeze(1), heads).squeeze(1))
+    return tensor, q4
 
 
 def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:

@@ -4,6 +4,8 @@ Weights come in Hugging Face names (see model/weights.py) and are fused at load 
 q/k/v into one [ (H + 2 Hkv) * D, hidden ] matrix and gate/up into one [2 I, hidden] matrix, so a
 layer runs 4 GEMMs instead of 7. Numerics follow transformers' LlamaModel: RMSNorm in float32 then
 cast back, RoPE tables computed in float32 (rotate_half layout), logits in float32.
+Given the GGUF's 4-bit linears (`q4`), steps of at most `q4_max_rows` rows (decode) run on them
+instead (q4_weights.py: weight reads, not arithmetic, bound those steps); wider steps use the dense copy.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch.nn.functional as F
 
 from kvstrata.model.arch import ModelArch
 from kvstrata.model.attention import AttentionBackend, AttentionMetadata
+from kvstrata.model.q4_weights import PackedInt4, Q4Weight
 from kvstrata.model.rope import rope_tables
 
 
@@ -28,6 +31,34 @@ class LayerWeights:
     post_norm: torch.Tensor  # [hidden]
     gate_up: torch.Tensor  # [2 I, hidden]
     down: torch.Tensor  # [hidden, I]
+    int4: LayerInt4 | None = None  # the same four linears as 4-bit blocks, for narrow steps
+
+
+@dataclass
+class LayerInt4:
+    qkv: PackedInt4
+    o: PackedInt4
+    gate_up: PackedInt4
+    down: PackedInt4
+
+    @classmethod
+    def from_q4(cls, q4: dict[str, Q4Weight], layer: int, dtype: torch.dtype) -> LayerInt4 | None:
+        """None unless every linear of the layer is in `q4`."""
+        a, m = f"model.layers.{layer}.self_attn.", f"model.layers.{layer}.mlp."
+        names = [[a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"], [a + "o_proj.weight"],
+                 [m + "gate_proj.weight", m + "up_proj.weight"], [m + "down_proj.weight"]]
+        if not all(n in q4 for group in names for n in group):
+            return None
+        qkv, o, gate_up, down = (PackedInt4.from_q4([q4[n] for n in group], dtype) for group in names)
+        return cls(qkv, o, gate_up, down)
+
+
+def linear(x: torch.Tensor, dense: torch.Tensor, int4: PackedInt4 | None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ W.T (+ bias) with the 4-bit copy of W when given, else the dense one."""
+    if int4 is None:
+        return F.linear(x, dense, bias)
+    out = int4.linear(x)
+    return out if bias is None else out + bias
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -50,8 +81,11 @@ class LlamaModel:
         dtype: torch.dtype,
         device: torch.device,
         attention: AttentionBackend,
+        q4: dict[str, Q4Weight] | None = None,
+        q4_max_rows: int = 8,
     ) -> None:
         self.arch = arch
+        self.q4_max_rows = q4_max_rows
         self.dtype = dtype
         self.device = device
         self.attention = attention
@@ -83,8 +117,10 @@ class LlamaModel:
                     post_norm=w(p + "post_attention_layernorm.weight"),
                     gate_up=torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]),
                     down=w(p + "mlp.down_proj.weight"),
+                    int4=LayerInt4.from_q4(q4, i, dtype) if q4 else None,
                 )
             )
+        self.uses_int4 = any(layer.int4 is not None for layer in self.layers)
         cos, sin = rope_tables(arch, device)
         self.cos = cos.to(dtype)  # [max_position, D]
         self.sin = sin.to(dtype)
@@ -105,9 +141,11 @@ class LlamaModel:
         cos = self.cos[positions].unsqueeze(1)  # [T, 1, D]
         sin = self.sin[positions].unsqueeze(1)
         x = F.embedding(input_ids, self.embed)  # [T, hidden]
+        narrow = T <= self.q4_max_rows
         for li, lw in enumerate(self.layers):
+            q4 = lw.int4 if narrow else None
             h = rms_norm(x, lw.input_norm, arch.rms_norm_eps)
-            qkv = F.linear(h, lw.qkv, lw.qkv_bias)  # [T, (H + 2 Hkv) * D]
+            qkv = linear(h, lw.qkv, q4 and q4.qkv, lw.qkv_bias)  # [T, (H + 2 Hkv) * D]
             q = qkv[:, : H * D].view(T, H, D)
             k = qkv[:, H * D : (H + Hkv) * D].view(T, Hkv, D)
             v = qkv[:, (H + Hkv) * D :].view(T, Hkv, D)
@@ -119,9 +157,9 @@ class LlamaModel:
             k_cache[li].index_copy_(0, meta.slot_mapping, k)
             v_cache[li].index_copy_(0, meta.slot_mapping, v)
             o = self.attention.forward(q, k_cache[li], v_cache[li], meta)  # [T, H, D]
-            x = x + F.linear(o.reshape(T, H * D), lw.o)
+            x = x + linear(o.reshape(T, H * D), lw.o, q4 and q4.o)
             h = rms_norm(x, lw.post_norm, arch.rms_norm_eps)
-            gate, up = F.linear(h, lw.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, lw.down)
+            gate, up = linear(h, lw.gate_up, q4 and q4.gate_up).chunk(2, dim=-1)
+            x = x + linear(F.silu(gate) * up, lw.down, q4 and q4.down)
         last = rms_norm(x[logit_rows], self.norm, arch.rms_norm_eps)
         return F.linear(last, self.lm_head).float()

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from kvstrata.model.arch import ModelArch
 from kvstrata.model.gguf_loader import ROPE_FREQS, load_gguf
+from kvstrata.model.q4_weights import Q4Weight
 from kvstrata.model.safetensors_loader import load_folder
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ class LoadedWeights:
     tensors: dict[str, torch.Tensor]  # float32, CPU, HF names
     identity: str  # short stable id of these weights; namespaces cache keys
     source_path: Path
+    q4: dict[str, Q4Weight] = field(default_factory=dict)  # GGUF Q4_0/Q4_1 linears, when asked for
 
 
 def expected_tensor_names(arch: ModelArch) -> list[str]:
@@ -54,8 +56,12 @@ def expected_tensor_names(arch: ModelArch) -> list[str]:
     return names
 
 
-def load_weights(path: str | Path) -> LoadedWeights:
-    """Load a .gguf file or a folder with config.json + *.safetensors as float32 CPU tensors."""
+def load_weights(path: str | Path, keep_q4: bool = False) -> LoadedWeights:
+    """Load a .gguf file or a folder with config.json + *.safetensors as float32 CPU tensors.
+
+    `keep_q4`: also keep a GGUF's Q4_0/Q4_1 linears as 4-bit blocks (`LoadedWeights.q4`).
+    """
+    q4: dict[str, Q4Weight] = {}
     path = Path(path).expanduser()
     start = time.perf_counter()
     if path.is_dir():
@@ -63,7 +69,7 @@ def load_weights(path: str | Path) -> LoadedWeights:
     elif path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ValueError(f"{path} is neither a .gguf file nor a folder; pass a GGUF file or a HF model folder.")
-        arch, tensors, identity = load_gguf(path)
+        arch, tensors, identity, q4 = load_gguf(path, keep_q4=keep_q4)
     else:
         raise FileNotFoundError(f"model path {path} does not exist; pass a .gguf file or a HF model folder.")
     tensors = _select(path, arch, tensors)
@@ -71,7 +77,7 @@ def load_weights(path: str | Path) -> LoadedWeights:
         "event=weights_loaded path=%s arch=%s tensors=%d identity=%s seconds=%.2f",
         path, arch.architecture, len(tensors), identity, time.perf_counter() - start,
     )
-    return LoadedWeights(arch=arch, tensors=tensors, identity=identity, source_path=path)
+    return LoadedWeights(arch=arch, tensors=tensors, identity=identity, source_path=path, q4=q4)
 
 
 def _select(path: Path, arch: ModelArch, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,0 +1,110 @@
+"""The int4 decode path: GGUF Q4 blocks read exactly, packed for torch's kernel, and a model whose
+narrow steps run on them gives the dense model's logits."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kvstrata.kv.pool import PagePool
+from kvstrata.model.attention import AttentionMetadata, PrefillSeq, make_attention_backend
+from kvstrata.model.llama import LlamaModel
+from kvstrata.model.q4_weights import PackedInt4, Q4Weight, q4_decode_wanted, read_q4
+from kvstrata.model.weights import load_weights
+
+CPU = torch.device("cpu")
+
+
+def _quantize(w: torch.Tensor, kind: str) -> tuple[Q4Weight, torch.Tensor]:
+    """(our Q4Weight, gguf's own dequantization) of w [N, K] quantized by the gguf package."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    qtype = GGMLQuantizationType[kind]
+    raw = quantize(w.numpy().astype(np.float32), qtype)  # [N, bytes per row]
+    q4 = read_q4(raw, kind, tuple(w.shape))
+    assert q4 is not None
+    return q4, torch.from_numpy(dequantize(raw, qtype).astype(np.float32))
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+def test_read_q4_equals_gguf_dequantize(kind: str) -> None:
+    torch.manual_seed(0)
+    q4, ref = _quantize(torch.randn(48, 128), kind)
+    assert q4.q.dtype == torch.uint8 and int(q4.q.max()) <= 15
+    assert torch.equal(q4.dequantize(), ref)  # bit-exact: the same values the dense path holds
+
+
+def test_read_q4_declines_other_types() -> None:
+    assert read_q4(np.zeros((4, 34), np.uint8), "Q8_0", (4, 32)) is None
+    assert read_q4(np.zeros((4, 20), np.uint8), "Q4_1", (4, 16)) is None  # K not a multiple of 32
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 5e-2)])
+def test_packed_linear_equals_dense(dtype: torch.dtype, tol: float) -> None:
+    torch.manual_seed(1)
+    (a, da), (b, db) = _quantize(torch.randn(64, 96), "Q4_1"), _quantize(torch.randn(32, 96), "Q4_0")
+    packed = PackedInt4.from_q4([a, b], dtype)  # row-concatenated, as the fused qkv / gate_up are
+    x = torch.randn(3, 96)
+    want = x @ torch.cat([da, db]).t()
+    got = packed.linear(x.to(dtype)).float()
+    assert got.shape == (3, 96) and packed.out_features == 96
+    torch.testing.assert_close(got, want, atol=tol * want.abs().max().item(), rtol=tol)
+
+
+def test_real_gguf_q4_equals_its_dense_weights(smollm2_path: Path) -> None:
+    w = load_weights(smollm2_path, keep_q4=True)
+    assert len(w.q4) == 7 * w.arch.num_layers  # every linear of SmolLM2 is Q4_1; the embedding is Q8_0
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.7.self_attn.k_proj.weight",
+                 "model.layers.29.mlp.down_proj.weight"):
+        assert torch.equal(w.q4[name].dequantize(), w.tensors[name]), name  # q/k: row order undone too
+    assert not load_weights(smollm2_path).q4
+
+
+def test_decode_steps_on_int4_match_dense_logits(tiny_model_dir: Path) -> None:
+    """A model whose dense weights are Q4 values: decode rows through int4 == dense, in float32."""
+    w = load_weights(tiny_model_dir)
+    q4: dict[str, Q4Weight] = {}
+    for name, t in w.tensors.items():
+        if name.endswith("proj.weight"):
+            q4[name], w.tensors[name] = _quantize(t, "Q4_1")
+    a = w.arch
+    attn = make_attention_backend("torch_sdpa")
+    dense = LlamaModel(a, w.tensors, torch.float32, CPU, attn)
+    int4 = LlamaModel(a, w.tensors, torch.float32, CPU, attn, q4=q4, q4_max_rows=1)
+    assert int4.uses_int4 and not dense.uses_int4
+    ps, pages = 4, [3, 1, 6]
+    ids = torch.randint(0, a.vocab_size, (9,))
+    slots = torch.tensor([pages[p // ps] * ps + p % ps for p in range(9)])
+    logits = []
+    for model in (dense, int4):
+        pool = PagePool(8, ps, a.num_layers, a.num_kv_heads, a.head_dim, torch.float32)
+        n = 8  # an 8-row prefill (wider than q4_max_rows: dense in both) then one decode row
+        meta = AttentionMetadata(ps, slots[:n], [PrefillSeq(0, n, n, torch.tensor(pages[:2]))])
+        prefill = model.forward(ids[:n], torch.arange(n), meta, pool.k, pool.v, torch.arange(n))
+        meta = AttentionMetadata(ps, slots[n:], [], decode_rows=torch.tensor([0]), decode_pages=torch.tensor([pages]),
+                                 decode_mask=(torch.arange(3 * ps) <= n)[None, None, None, :], decode_lens=[n + 1])
+        decode = model.forward(ids[n:], torch.tensor([n]), meta, pool.k, pool.v, torch.tensor([0]))
+        logits.append((prefill, decode))
+    assert torch.equal(logits[0][0], logits[1][0])  # the wide step did not touch the int4 weights
+    torch.testing.assert_close(logits[1][1], logits[0][1], atol=1e-4, rtol=1e-4)
+
+
+def test_q4_decode_mode() -> None:
+    assert q4_decode_wanted("auto", CPU, torch.bfloat16)
+    assert not q4_decode_wanted("auto", CPU, torch.float32)  # float32 stays transformers-identical
+    assert not q4_decode_wanted("off", CPU, torch.bfloat16)
+    assert q4_decode_wanted("on", CPU, torch.float32)
+    with pytest.raises(ValueError, match="--q4-decode on"):
+        q4_decode_wanted("on", CPU, torch.float16)
+    assert not q4_decode_wanted("auto", torch.device("cuda"), torch.bfloat16)
+
+
+def test_q4_decode_on_needs_q4_weights(tiny_model_dir: Path) -> None:
+    from kvstrata import LLM
+    from kvstrata.config import ConfigError
+
+    with pytest.raises(ConfigError, match="no Q4_0/Q4_1 linears"):
+        LLM(str(tiny_model_dir), q4_decode="on", max_total_tokens=64)
