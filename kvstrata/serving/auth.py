@@ -37,7 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvstrata.config import ConfigError, ServerConfig
 from kvstrata.serving.errors import error_response
-from kvstrata.serving.protocol import PreparedRequest
+from kvstrata.serving.prepare import PreparedRequest
 
 logger = logging.getLogger(__name__)
 ENV_KEY = "KVSTRATA_API_KEY"

@@ -24,14 +24,8 @@ from kvstrata.serving.deadline import with_deadline
 from kvstrata.serving.errors import install_error_handlers
 from kvstrata.serving.health import install_health_route
 from kvstrata.serving.limits import RequestLimitsMiddleware
-from kvstrata.serving.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    PreparedRequest,
-    check_model,
-    prepare_chat,
-    prepare_completion,
-)
+from kvstrata.serving.prepare import PreparedRequest, check_model, prepare_chat, prepare_completion
+from kvstrata.serving.protocol import ChatCompletionRequest, CompletionRequest
 from kvstrata.serving.rank_info import install_rank_info_route
 from kvstrata.serving.response_cache_key import CHAT, COMPLETIONS
 from kvstrata.serving.response_cache_replay import replay

@@ -1,8 +1,8 @@
 """OpenAI request models and their validation into engine inputs (token ids + SamplingParams).
 
 Pydantic checks types (strict: "5" is not an int, 1.0 is not an int, "true" is not a bool) and
-shapes; `prepare_chat` / `prepare_completion` check values against the loaded model and return a
-`PreparedRequest`. Unknown fields are ignored, as vLLM does (clients send vendor fields through
+shapes; `prepare_chat` / `prepare_completion` (prepare.py) check values against the loaded model
+and return a `PreparedRequest`. Unknown fields are ignored, as vLLM does (clients send vendor fields through
 `extra_body`; OpenAI itself refuses them). Fields we accept but cannot honour (logprobs,
 penalties, min_p, json response_format, ...) are refused with a 400 rather than ignored.
 
@@ -17,16 +17,11 @@ p*n + i being the i-th of prompt p; usage counts each prompt once.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kvstrata.engine.sampling_params import InvalidRequestError, SamplingParams
-from kvstrata.serving.errors import APIError
-
-if TYPE_CHECKING:
-    from kvstrata.engine.async_engine import AsyncEngine
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -231,82 +226,3 @@ class CompletionRequest(_SamplingRequest):
         if self.best_of not in (None, self.n):
             msg = "best_of is not supported; omit it or set it equal to n"
             raise InvalidRequestError(msg, "best_of", "unsupported")
-
-
-@dataclass(frozen=True)
-class PreparedRequest:
-    """Engine inputs for one HTTP request: each prompt gets `params.n` choices."""
-
-    prompts: list[list[int]]
-    params: SamplingParams
-    timeout_s: float | None = None  # the request's `timeout`: abort and answer 408 past it
-
-
-def check_model(model: str | None, engine: AsyncEngine) -> None:
-    """404 model_not_found unless `model` is the served model (None means the served model)."""
-    if model is not None and model != engine.served_model_name:
-        msg = f"The model `{model}` does not exist; this server serves `{engine.served_model_name}`"
-        raise APIError(404, msg, param="model", code="model_not_found")
-
-
-def _finish(
-    req: _SamplingRequest, engine: AsyncEngine, prompts: list[list[int]], max_tokens: int | None, default: int | None
-) -> PreparedRequest:
-    """Check prompt lengths/ids and parameters, clamp max_tokens to the room left in the context."""
-    limit, vocab = engine.max_model_len, engine.vocab_size
-    for ids in prompts:
-        if not ids:
-            raise InvalidRequestError("the prompt is empty; send at least one token", "prompt")
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            msg = f"prompt token ids {bad[:8]} are outside the vocabulary [0, {vocab})"
-            raise InvalidRequestError(msg, "prompt")
-        if len(ids) >= limit:
-            raise InvalidRequestError(
-                f"the prompt has {len(ids)} tokens but the model's maximum context is {limit} tokens "
-                f"(including at least 1 generated token); shorten the prompt",
-                "messages" if isinstance(req, ChatCompletionRequest) else "prompt", "context_length_exceeded",
-            )
-    if max_tokens is not None and max_tokens >= limit:
-        name = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
-        raise InvalidRequestError(
-            f"{name} is too large: {max_tokens}; the model's context is {limit} tokens, prompt included, so at "
-            f"most {limit - 1} can be generated", name, "context_length_exceeded",
-        )
-    room = limit - max(len(ids) for ids in prompts)
-    wanted = max_tokens if max_tokens is not None else (default or room)
-    params = req.sampling_params(min(wanted, room))
-    sched = engine.sched_cfg
-    params.validate(vocab, max_n=sched.max_n, max_stop=sched.max_stop_strings)
-    if len(prompts) * params.n > sched.max_num_seqs:
-        msg = f"{len(prompts)} prompts x n={params.n} is more than the {sched.max_num_seqs} sequences at once"
-        raise InvalidRequestError(msg + "; split the batch", "prompt")
-    for ids in prompts:
-        params = engine.check_prompt(ids, params)
-    return PreparedRequest(prompts, params, req.timeout)
-
-
-def prepare_chat(req: ChatCompletionRequest, engine: AsyncEngine) -> PreparedRequest:
-    check_model(req.model, engine)
-    req.refuse_unsupported()
-    tools = None if req.tool_choice == "none" else req.tools
-    try:
-        text = engine.tokenizer.apply_chat_template(
-            [m.for_template() for m in req.messages], add_generation_prompt=True, tools=tools
-        )
-    except Exception as exc:  # a template's raise_exception(...) or a message it cannot render
-        msg = f"the chat template could not render these messages: {exc}"
-        raise InvalidRequestError(msg, "messages") from exc
-    prompt = engine.tokenizer.encode(text)
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    return _finish(req, engine, [prompt], max_tokens, None)
-
-
-def prepare_completion(req: CompletionRequest, engine: AsyncEngine) -> PreparedRequest:
-    check_model(req.model, engine)
-    req.refuse_unsupported()
-    raw = req.prompt
-    items: list[Any] = [raw] if isinstance(raw, str) or (raw and type(raw[0]) is int) else list(raw)
-    prompts = [engine.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in items]
-    return _finish(req, engine, prompts, req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
-

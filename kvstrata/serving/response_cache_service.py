@@ -32,7 +32,7 @@ from kvstrata.engine.outputs import RequestOutput
 from kvstrata.engine.sampling_params import InvalidRequestError
 from kvstrata.serving.auth import request_tenant
 from kvstrata.serving.metrics import Metrics
-from kvstrata.serving.protocol import check_model
+from kvstrata.serving.prepare import check_model
 from kvstrata.serving.response_cache import ResponseCache
 from kvstrata.serving.response_cache_key import engine_namespace, is_deterministic, load_fixed_keys, request_key
 from kvstrata.serving.response_cache_replay import FINISHED_NORMALLY, CachedChoice, CachedResponse

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 from kvstrata.engine.outputs import RequestOutput
 from kvstrata.engine.sampling_params import SamplingParams
 from kvstrata.serving.errors import APIError, api_error_from, error_body
-from kvstrata.serving.protocol import PreparedRequest
+from kvstrata.serving.prepare import PreparedRequest
 
 if TYPE_CHECKING:
     from kvstrata.engine.async_engine import AsyncEngine
