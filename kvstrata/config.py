@@ -96,7 +96,8 @@ class CacheConfig:
     kvstore_storage_backend_extra_config: str | None = opt(
         None,
         'JSON for the backend: file {"path", "max_size_gb"}; redis {"url", "ttl_s", "timeout_s"}; mooncake '
-        '{"master_server_address", "metadata_server", "protocol", "global_segment_size", "local_buffer_size"}',
+        '{"master_server_address", "metadata_server", "protocol", "global_segment_size", "local_buffer_size"}; '
+        'any backend: "call_timeout_s" (10) abandons a store call that hangs (counted as a timeout error)',
     )
     kvstore_prefetch_min_pages: int = opt(
         2, "prefetch from L3 before admission when it holds at least this many more pages than L1+L2", min=1

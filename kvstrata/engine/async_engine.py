@@ -93,7 +93,9 @@ class AsyncEngine:
         self._stopping = True
         self._inbox.put(("stop", None))
         self._thread.join(timeout)
-        self.engine.close(timeout)
+        # the flush walks L1/L2, which only the engine thread may touch: skip it if that thread is
+        # still running (stuck in a step); in-flight writes are still drained
+        self.engine.close(timeout, flush=not self._thread.is_alive())
 
     # -- engine thread ---------------------------------------------------------------------
     def _send(self, request_id: str, item: RequestOutput | BaseException) -> None:

@@ -209,11 +209,11 @@ class Engine:
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
 
-    def close(self, drain_timeout_s: float = 5.0) -> None:
+    def close(self, drain_timeout_s: float = 5.0, flush: bool = True) -> None:
         """Release what outlives the step loop (call it once the loop has stopped): L1 and L2 pages the
-        L3 store lacks are flushed to it and in-flight writes drained, bounded by `drain_timeout_s`."""
+        L3 store lacks are flushed to it (`flush`) and in-flight writes drained, within `drain_timeout_s`."""
         if self.tiers is not None:
-            self.tiers.close(drain_timeout_s)
+            self.tiers.close(drain_timeout_s, flush=flush)
 
 
 def _default_name(model: str) -> str:

@@ -61,6 +61,7 @@ class KVCacheManager:
         self.cache.lock(m.node)
         device, host, store = m.num_tokens, 0, 0
         if self.tiers is not None:
+            self.tiers.on_hit(m)
             m, loaded = self._load_from_host(req, m)
             from_store = self.tiers.take_prefetched(req.request_id)
             self.tiers.forget(req.request_id)

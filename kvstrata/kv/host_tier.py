@@ -60,6 +60,10 @@ class HostTier:
             n += 1
         return n
 
+    def hashes(self) -> list[bytes]:
+        """Every held page's hash, least recently used first. Read-only."""
+        return list(self._index)
+
     def pin(self, hashes: Iterable[bytes]) -> None:
         """Changes state: keep these (held) pages through the next puts, until unpin()."""
         self._pinned.update(h for h in hashes if h in self._index)

@@ -39,6 +39,7 @@ class Fetched(NamedTuple):
     payloads: list[memoryview]  # their page bytes (decoded, checked)
     timed_out: bool
     bad: bytes | None = None  # the page whose stored value was corrupt, truncated or foreign
+    missing: tuple[bytes, ...] = ()  # the pages the store lacked, from the first absent one (the probe)
 
 
 @dataclass
@@ -48,6 +49,7 @@ class _Job:
     lock: threading.Lock = field(default_factory=threading.Lock)
     fetched: list[tuple[bytes, memoryview]] = field(default_factory=list)
     bad: bytes | None = None
+    missing: list[bytes] = field(default_factory=list)
     done: bool = False
     abandoned: bool = False
 
@@ -82,12 +84,12 @@ class Prefetcher:
             if not (job.done or timed_out):
                 return None
             job.abandoned = True
-            fetched, bad = list(job.fetched), job.bad
+            fetched, bad, missing = list(job.fetched), job.bad, job.missing
         del self._jobs[key]
         if timed_out:
             self.store.stats.prefetch("timeouts")
             logger.info("kvstore_prefetch_timeout key=%s fetched=%d of %d", key, len(fetched), len(job.hashes))
-        return Fetched([h for h, _ in fetched], [p for _, p in fetched], timed_out, bad)
+        return Fetched([h for h, _ in fetched], [p for _, p in fetched], timed_out, bad, tuple(missing))
 
     def cancel(self, key: str) -> None:
         job = self._jobs.pop(key, None)
@@ -129,6 +131,8 @@ class Prefetcher:
             return  # waited in the queue past its deadline (or cancelled): do not even ask
         keys = [h.hex() for h in job.hashes]
         n = self.store.batch_exists(keys)
+        with job.lock:
+            job.missing = job.hashes[n:]
         if n < policy.min_pages:
             return
         with job.lock:

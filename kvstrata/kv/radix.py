@@ -65,6 +65,10 @@ class RadixPrefixCache:
     def cached_pages(self) -> set[int]:
         return set(self._page_node)
 
+    def cached_entries(self) -> list[tuple[bytes, int]]:
+        """(chain hash, page) of every cached page, each parent before its children. Read-only."""
+        return [(node.hash, page) for page, node in self._page_node.items()]
+
     def match(self, tokens: Sequence[int], extra_key: str | None = None) -> Match:
         """Longest cached prefix of whole pages, at most (len(tokens) - 1) // page_size of them, so
         the last token is always recomputed. Read-only: changes nothing, not even LRU order. The

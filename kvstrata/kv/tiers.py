@@ -3,7 +3,9 @@
 How a page moves (hashes are the page hash chain; the radix tree holds no tier fields):
 
     L1 insert ──on_insert──▶ StoreWriter: snapshot now, write to L3 later (I/O thread)
+    L1 hit ──on_hit──▶ StoreWriter, for matched pages whose write failed (the store was down)
     L1 evict ──on_evict──▶ HostTier.put_from_pool (copied before the page is reused)
+    shutdown: close ─▶ flush_to_store: L1 and L2 pages the store was never given ─▶ StoreWriter
     admission: L1 match ─▶ HostTier.match(the next hashes) ─▶ copy into fresh L1 pages, insert
     before admission: Prefetcher L3 ─▶ HostTier.put_bytes (engine thread), then the L2 path above
 
@@ -14,12 +16,14 @@ its own. The KVCacheManager (engine) drives admission; this class knows pages an
 from __future__ import annotations
 
 import logging
+import time
 from typing import Callable, Sequence, TypeVar
 
 from kvstrata.kv.hashing import hash_pages
 from kvstrata.kv.host_tier import HostTier
 from kvstrata.kv.prefetcher import Fetched, Prefetcher
 from kvstrata.kv.radix import Match, RadixPrefixCache
+from kvstrata.kv.store_flush import FlushReport, flush_to_store
 from kvstrata.kv.store_writer import StoreWriter
 from kvstrata.kv.tier_stats import TierStats
 
@@ -60,6 +64,13 @@ class KVTiers:
     def _on_insert(self, hashes: list[bytes], pages: list[int], token_lists: list[list[int]], parent: bytes | None) -> None:
         assert self.writer is not None
         self.writer.submit(self.pool, hashes, pages)
+
+    def on_hit(self, match: Match) -> None:
+        """An L1 hit: write through the matched pages the store is not known to hold (their first
+        write failed or was dropped while it was down), so a store that comes back gets the hot
+        prefixes again. Nothing while the store is unavailable (no copies that would be dropped)."""
+        if self.writer is not None and match.pages and self.writer.store.available:
+            self.writer.submit(self.pool, match.hashes, match.pages)
 
     # -- admission (engine thread) ---------------------------------------------------------------
 
@@ -102,6 +113,7 @@ class KVTiers:
         self.stats.wrote("host", len(stored), len(stored) * self.host.page_bytes)
         if self.writer is not None:
             self.writer.mark_known(stored)
+            self.writer.forget(fetched.missing)  # it may have lost them (expiry, eviction, restart)
             if fetched.bad is not None:
                 self.writer.distrust(fetched.bad)  # heal the store when the page is computed again
         if stored:
@@ -134,13 +146,19 @@ class KVTiers:
             self._catch_evictions = True
             self.host.clear()
 
-    def close(self, drain_timeout_s: float = 5.0) -> None:
-        """Drain in-flight L3 writes within `drain_timeout_s`, then close the store."""
+    def close(self, drain_timeout_s: float = 5.0, flush: bool = True) -> FlushReport | None:
+        """Stop prefetching; write to L3 the L1 and L2 pages it is not known to hold (`flush`), and
+        drain every queued write, all within `drain_timeout_s`; then close the store. Engine thread
+        stopped: nothing may change L1 or L2 meanwhile."""
         if self.prefetcher is not None:
             self.prefetcher.close()
-        if self.writer is not None:
-            self.writer.close(drain_timeout_s)
-            self.writer.store.close()
+        if self.writer is None:
+            return None
+        deadline = time.monotonic() + drain_timeout_s
+        report = flush_to_store(self.cache, self.host, self.writer, drain_timeout_s) if flush else None
+        self.writer.close(max(0.0, deadline - time.monotonic()))
+        self.writer.store.close()
+        return report
 
     def check_integrity(self) -> None:
         self.host.check_integrity()

@@ -20,6 +20,9 @@ from kvstrata.kv.tier_stats import TierStats
 from kvstrata.kv.tiers import KVTiers
 
 logger = logging.getLogger(__name__)
+# a store call that has not returned after this long is abandoned (GuardedStore); every backend takes
+# "call_timeout_s" in --kvstore-storage-backend-extra-config to change it
+DEFAULT_CALL_TIMEOUT_S = 10.0
 
 
 def build_tiers(cfg: CacheConfig, cache: RadixPrefixCache | None) -> KVTiers | None:
@@ -52,6 +55,7 @@ def build_tiers(cfg: CacheConfig, cache: RadixPrefixCache | None) -> KVTiers | N
             raise ValueError(f"--kvstore-storage-backend-extra-config is not valid JSON: {exc}") from None
         if not isinstance(extra, dict):
             raise ValueError("--kvstore-storage-backend-extra-config must be a JSON object")
+        call_timeout_s = _call_timeout(extra.pop("call_timeout_s", DEFAULT_CALL_TIMEOUT_S))
         try:
             store = create_store(backend, extra)
         except ValueError:
@@ -61,7 +65,7 @@ def build_tiers(cfg: CacheConfig, cache: RadixPrefixCache | None) -> KVTiers | N
             logger.error("kvstore_unavailable backend=%s error=%r; running with L1+L2 only", backend, exc)
             store = None
         if store is not None:
-            guarded = GuardedStore(store, backend, stats)
+            guarded = GuardedStore(store, backend, stats, call_timeout_s=call_timeout_s)
             dtype_name = str(dtype).removeprefix("torch.")
             codec = PageCodec(cache.root, shape[2], shape[1], shape[3], shape[4], dtype_name, page_bytes)
             writer = StoreWriter(guarded, codec)
@@ -78,3 +82,11 @@ def build_tiers(cfg: CacheConfig, cache: RadixPrefixCache | None) -> KVTiers | N
         capacity, capacity * page_bytes / 1e9, backend if writer is not None else "none", page_bytes,
     )
     return KVTiers(cache, host, stats, writer, prefetcher)
+
+
+def _call_timeout(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(
+            f"--kvstore-storage-backend-extra-config call_timeout_s must be a positive number, got {value!r}"
+        )
+    return float(value)

@@ -3,7 +3,8 @@
 Drain: the first signal sets `Lifecycle.draining`: new requests get 503 (code `shutting_down`),
 `/health` answers 503 {"status": "draining"} so a balancer stops sending, and the requests already
 in flight (streams included) run to the end for up to `--shutdown-timeout` seconds. Then uvicorn
-stops; `run_server` closes the engine, which drains in-flight L3 writes, and exits 0. A second
+stops; `run_server` closes the engine, which flushes to the L3 store every L1/L2 page it lacks and
+drains the writes (`kv/store_flush.py`, bounded by the same timeout), and exits 0. A second
 signal stops at once.
 
 Watchdog: when the engine thread dies (or the model failed to load), `/health` says 503 "dead" and

@@ -1,6 +1,7 @@
 """KV tiers inside the engine: greedy output is the same whether a prefix came from L1, L2, L3 or
 was computed; a restart serves the prefix from L3; bad stored values are misses; a store that dies
-or crawls costs hits, never a request. Tiny random-weight model (float32), plus one SmolLM2 check."""
+or crawls costs hits, never a request; closing flushes to the store the pages it missed.
+Tiny random-weight model (float32), plus one SmolLM2 check."""
 from __future__ import annotations
 
 import json
@@ -204,6 +205,57 @@ def test_slow_store_prefetch_deadline_holds_and_others_keep_running(tiny_model_d
     t0 = time.monotonic()
     eng.close()
     assert time.monotonic() - t0 < 2.0  # closing does not wait for the stuck read
+
+
+class SwitchFileStore(FileStore):
+    """A file store that can be switched off: every call raises while `down` (a dead server)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.down = False
+
+    def batch_exists(self, keys: list[str]) -> int:
+        if self.down:
+            raise ConnectionError("store is down")
+        return super().batch_exists(keys)
+
+    def batch_put(self, keys: list[str], values: list[bytes]) -> None:
+        if self.down:
+            raise ConnectionError("store is down")
+        super().batch_put(keys, values)
+
+
+def test_close_flushes_the_l1_and_l2_pages_the_store_missed(tiny_model_dir: Path, tmp_path: Path) -> None:
+    register_store("switch_file", SwitchFileStore)
+    store = {"path": str(tmp_path / "kvstore")}
+    a, b = tokens(A, 7), tokens(170, 8)
+    eng = make(tiny_model_dir, store, backend="switch_file")
+    assert eng.tiers is not None and eng.tiers.writer is not None
+    eng.tiers.writer.store.store.down = True  # every write-through fails
+    cold_a = run(eng, {"a": a})["a"]
+    cold_b = run(eng, {"b": b})["b"]  # all 12 L1 pages: `a` now lives only in L2
+    assert not list((tmp_path / "kvstore").rglob("*"))
+    eng.tiers.writer.store.store.down = False  # back, but nothing is written until the flush
+    report = eng.tiers.close(5.0)
+    assert report is not None and report.l1_pages == 11 and report.l2_pages == 6  # b: 182 tokens, a: 6 pages
+    assert report.flushed == 17 and report.skipped == 0 and report.drained
+    restarted = make(tiny_model_dir, store)
+    after = run(restarted, {"a": a}) | run(restarted, {"b": b})
+    assert after["a"].tiers == {"device": 0, "host": 0, "store": 96} and after["a"].tokens == cold_a.tokens
+    assert after["b"].tiers["store"] == 160 and after["b"].tokens == cold_b.tokens
+    restarted.close()
+
+
+def test_close_with_a_dead_store_skips_the_flush_within_the_timeout(tiny_model_dir: Path, tmp_path: Path) -> None:
+    register_store("switch_file", SwitchFileStore)
+    eng = make(tiny_model_dir, {"path": str(tmp_path / "kvstore")}, backend="switch_file")
+    assert eng.tiers is not None and eng.tiers.writer is not None
+    eng.tiers.writer.store.store.down = True
+    run(eng, {"a": tokens(A, 9)})
+    t0 = time.monotonic()
+    report = eng.tiers.close(1.0)
+    assert time.monotonic() - t0 < 2.0
+    assert report is not None and report.l1_pages == 6 and report.flushed == 0 and report.skipped == 6
 
 
 @pytest.mark.slow

@@ -93,6 +93,8 @@ def test_stops_at_the_first_missing_or_corrupt_page() -> None:
     assert got.hashes == HASHES[:3] and [bytes(p) for p in got.payloads] == PAYLOADS[:3]
     assert store.gets == [2, 2]  # nothing read past the batch holding the bad page
     assert stats.snapshot().errors == {("dict", "corrupt"): 1}
+    assert got.missing == ()  # the probe found all 7: the bad one is `bad`, not missing
+    assert got.bad == HASHES[3]
 
 
 def test_fewer_than_min_pages_in_l3_fetches_nothing() -> None:
@@ -101,6 +103,7 @@ def test_fewer_than_min_pages_in_l3_fetches_nothing() -> None:
     pf.start("r", HASHES)
     got = finish(pf, "r")
     assert got.hashes == [] and store.gets == [] and stats.snapshot().prefetch == {}
+    assert got.missing == tuple(HASHES[1:])  # what the store lacks, from the first absent page
 
 
 def test_the_deadline_holds_against_a_slow_store() -> None:

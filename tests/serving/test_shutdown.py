@@ -1,4 +1,5 @@
-"""Graceful drain (in-process and a real SIGTERM), exit 1 when the engine dies, /health?deep=1."""
+"""Graceful drain (in-process and a real SIGTERM), exit 1 when the engine dies, /health?deep=1, and
+on SIGTERM the L3 store gets every page it missed, while a hung store cannot hold the exit."""
 from __future__ import annotations
 
 import json
@@ -102,7 +103,7 @@ def start_server(
         f"import sys; {prelude}\n"
         "from kvstrata.config import *; from kvstrata.serving.server import run_server\n"
         f"sys.exit(run_server(ModelConfig(model={str(tiny_model_dir)!r}, dtype='float32', max_model_len=512), "
-        f"CacheConfig(max_total_tokens=4096, **{cache or {}!r}), SchedulerConfig(), "
+        f"CacheConfig(**{ {'max_total_tokens': 4096, **(cache or {})}!r}), SchedulerConfig(), "
         f"ServerConfig(port={port}, log_level='warning', **{server!r})))"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -170,3 +171,63 @@ def test_sigterm_keeps_the_store_and_the_next_start_serves_from_it(tiny_model_di
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
+
+
+def test_sigterm_flushes_to_the_store_the_pages_it_missed(tiny_model_dir: Path, tmp_path: Path) -> None:
+    l3 = tmp_path / "l3"
+    store = {"kvstore_storage_backend": "file", "kvstore_storage_backend_extra_config": json.dumps({"path": str(l3)}),
+             "max_total_tokens": 8 * 16}  # L1 holds one prompt: the earlier ones live only in L2
+    prompts = [f"prompt {i} of three, each long enough for several pages of KV " * 7 for i in range(3)]
+    proc, url = start_server(tiny_model_dir, cache=store)
+    try:
+        l3.rename(tmp_path / "l3.away")  # the store becomes unreachable: every write-through fails
+        l3.write_bytes(b"not a directory")
+        first = [httpx.post(f"{url}/v1/completions", json={"prompt": p, "max_tokens": 4, "temperature": 0},
+                            timeout=30).json() for p in prompts]
+        assert all(r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 for r in first), first
+        assert all(97 <= r["usage"]["prompt_tokens"] <= 120 for r in first)  # 6 full pages each
+        l3.unlink()
+        (tmp_path / "l3.away").rename(l3)  # back: only the shutdown flush can fill it now
+        assert not [f for f in l3.rglob("*") if f.is_file()]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        proc.kill()
+    assert len([f for f in l3.rglob("*") if f.is_file()]) >= 3 * 6
+    proc, url = start_server(tiny_model_dir, cache=store)
+    try:
+        for p, before in zip(prompts, first):  # the oldest prompt was only in L2 at SIGTERM
+            again = httpx.post(f"{url}/v1/completions", json={"prompt": p, "max_tokens": 4, "temperature": 0},
+                               timeout=30).json()
+            assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= 6 * 16, again["usage"]
+            assert again["choices"][0]["text"] == before["choices"][0]["text"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+
+
+HUNG_STORE = """
+import threading
+from kvstrata.kv.store import register_store
+from kvstrata.kv.store.file_store import FileStore
+class HungStore(FileStore):  # connects, then never answers
+    def batch_exists(self, keys): threading.Event().wait()
+    def batch_put(self, keys, values): threading.Event().wait()
+register_store('hung', HungStore)
+"""
+
+
+def test_sigterm_with_a_hung_store_still_exits_0_in_time(tiny_model_dir: Path, tmp_path: Path) -> None:
+    extra = {"path": str(tmp_path / "l3"), "call_timeout_s": 1.0}
+    store = {"kvstore_storage_backend": "hung", "kvstore_storage_backend_extra_config": json.dumps(extra)}
+    proc, url = start_server(tiny_model_dir, prelude=HUNG_STORE, cache=store, shutdown_timeout=5.0)
+    try:
+        for i in range(3):  # each write-through hangs in the store; the requests do not
+            body = {"prompt": f"request {i} " + "with a prefix long enough to be written " * 6, "max_tokens": 2}
+            assert httpx.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 200
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0  # no thread waits on the store forever, so the process can end
+        assert time.monotonic() - t0 < 12.0
+    finally:
+        proc.kill()

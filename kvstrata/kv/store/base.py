@@ -14,6 +14,10 @@ class StoreUnavailableError(RuntimeError):
     """The backend cannot be reached or set up; the message says what to check."""
 
 
+class StoreTimeoutError(StoreUnavailableError):
+    """A backend call did not return within the store call timeout (it was abandoned)."""
+
+
 @runtime_checkable
 class KVStore(Protocol):
     def batch_exists(self, keys: list[str]) -> int:
