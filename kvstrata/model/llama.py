@@ -146,14 +146,13 @@ class LlamaModel:
             q4 = lw.int4 if narrow else None
             h = rms_norm(x, lw.input_norm, arch.rms_norm_eps)
             qkv = linear(h, lw.qkv, q4 and q4.qkv, lw.qkv_bias)  # [T, (H + 2 Hkv) * D]
-            q = qkv[:, : H * D].view(T, H, D)
-            k = qkv[:, H * D : (H + Hkv) * D].view(T, Hkv, D)
+            qk = qkv[:, : (H + Hkv) * D].view(T, H + Hkv, D)  # q and k heads: one RoPE for both
             v = qkv[:, (H + Hkv) * D :].view(T, Hkv, D)
             if lw.q_norm is not None and lw.k_norm is not None:
-                q = rms_norm(q, lw.q_norm, arch.rms_norm_eps)
-                k = rms_norm(k, lw.k_norm, arch.rms_norm_eps)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+                qk = torch.cat([rms_norm(qk[:, :H], lw.q_norm, arch.rms_norm_eps),
+                                rms_norm(qk[:, H:], lw.k_norm, arch.rms_norm_eps)], dim=1)
+            qk = qk * cos + rotate_half(qk) * sin
+            q, k = qk[:, :H], qk[:, H:]  # [T, H, D], [T, Hkv, D] (views)
             k_cache[li].index_copy_(0, meta.slot_mapping, k)
             v_cache[li].index_copy_(0, meta.slot_mapping, v)
             o = self.attention.forward(q, k_cache[li], v_cache[li], meta)  # [T, H, D]
