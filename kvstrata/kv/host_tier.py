@@ -35,9 +35,9 @@ class HostTier:
         if capacity <= 0:
             raise ValueError(f"host tier capacity must be positive, got {capacity} pages")
         self.capacity = capacity
-        # empty, not zeros: a slot is written before it is indexed, and untouched host memory stays
-        # uncommitted, so a large L2 costs RAM only as it fills
-        self.data = torch.empty((capacity, *page_shape), dtype=dtype, pin_memory=pin_memory)
+        # committed now (zero_), like the L1 pool: the memory L2 is configured to hold is taken at
+        # startup, where a shortage fails loudly, and RSS stays flat as L2 fills
+        self.data = torch.empty((capacity, *page_shape), dtype=dtype, pin_memory=pin_memory).zero_()
         self.page_bytes = self.data[0].numel() * self.data.element_size()
         self._bytes = self.data.view(torch.uint8).view(capacity, self.page_bytes).numpy()  # [capacity, page_bytes]
         self._index: OrderedDict[bytes, int] = OrderedDict()

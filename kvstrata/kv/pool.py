@@ -36,9 +36,12 @@ class PagePool:
         self.page_size = page_size
         self.layers = layers
         shape = (num_pages * page_size, kv_heads, head_dim)
-        # [num_slots, kv_heads, head_dim] per layer
-        self.k: list[torch.Tensor] = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.v: list[torch.Tensor] = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        # [num_slots, kv_heads, head_dim] per layer. Written (zero_), not just allocated: a large CPU
+        # allocation is untouched zero pages the OS commits on first write, so RSS would creep up as
+        # the pool first fills (a leak to a soak test) and an out-of-memory would wait for the first
+        # busy hour instead of failing at startup.
+        self.k: list[torch.Tensor] = [torch.empty(shape, dtype=dtype, device=device).zero_() for _ in range(layers)]
+        self.v: list[torch.Tensor] = [torch.empty(shape, dtype=dtype, device=device).zero_() for _ in range(layers)]
         self._free: deque[int] = deque(range(num_pages))
         self._in_use: set[int] = set()
 
