@@ -46,7 +46,7 @@ def _timed_decode(llm: Any, prompts: list[list[int]], new_tokens: int) -> float:
 def bench_kvstrata(args: argparse.Namespace, long_prompt: list[int], short: list[list[int]]) -> dict[str, float]:
     from kvstrata.engine.llm import LLM
 
-    llm = LLM(args.model, dtype=args.dtype, enable_prefix_caching=False, max_total_tokens=16384)
+    llm = LLM(args.model, dtype=args.dtype, enable_prefix_caching=False, max_total_tokens=16384, q4_decode=args.q4_decode)
     llm.generate([short[0]], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
     t = time.perf_counter()
     llm.generate([long_prompt], SamplingParams(max_tokens=1, temperature=0.0))
@@ -126,5 +126,7 @@ def add_throughput_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-prompt-tokens", type=int, default=32)
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--q4-decode", default="auto", choices=["auto", "on", "off"],
+                   help="kvstrata's --q4-decode (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default=None)
