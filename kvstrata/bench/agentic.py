@@ -18,12 +18,28 @@ import asyncio
 import random
 import sys
 from dataclasses import asdict, dataclass
+from typing import Protocol, Sequence
 
 from tqdm import tqdm
 
 from kvstrata.bench.client import ChatClient, ChatResult
 from kvstrata.bench.report import build_report, format_table, load_tokenizer, write_json
-from kvstrata.bench.workloads import AgenticConfig, AgenticWorkload, generate_agentic
+from kvstrata.bench.workloads import AgenticConfig, Session, generate_agentic
+
+
+class Conversations(Protocol):
+    """What the driver needs of a workload: sessions of turns, and the history each turn re-sends.
+
+    `AgenticWorkload` and `MultiRoundWorkload` (multiround_workload.py) both are.
+    """
+
+    @property
+    def sessions(self) -> Sequence[Session]: ...
+
+    @property
+    def num_requests(self) -> int: ...
+
+    def messages(self, session_id: int, replies: list[str]) -> list[dict[str, str]]: ...
 
 
 @dataclass(frozen=True)
@@ -67,17 +83,18 @@ class _Gate:
 
 
 async def drive_agentic(
-    workload: AgenticWorkload,
+    workload: Conversations,
     client: ChatClient,
     concurrency: int | None,
     request_rate: float | None = None,
     seed: int = 0,
     progress: bool = True,
+    desc: str = "agentic",
 ) -> list[RequestRecord]:
     """Run every session to its last turn (or first error); records in completion order."""
     gate = _Gate(concurrency, request_rate, seed)
     records: list[RequestRecord] = []
-    bar = tqdm(total=workload.num_requests, desc="agentic", unit="req", disable=not progress)
+    bar = tqdm(total=workload.num_requests, desc=desc, unit="req", disable=not progress)
 
     async def run_session(session_id: int) -> None:
         session = workload.sessions[session_id]
@@ -119,8 +136,11 @@ def main(args: argparse.Namespace) -> int:
         turn_tokens=args.turn_tokens,
         seed=args.seed,
     )
+    from kvstrata.bench.cli import check_client_arguments
+
     try:
         workload = generate_agentic(config)
+        check_client_arguments(args)
         tokenizer = load_tokenizer(args.tokenizer)  # before the run: a bad path fails fast
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from kvstrata.bench.compare import add_compare_args
+from kvstrata.bench.multiround import add_multiround_args
 from kvstrata.bench.repeat import add_repeat_args
 from kvstrata.bench.soak import add_soak_args
 from kvstrata.bench.throughput import add_throughput_args
@@ -54,30 +55,49 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--output", default=None, help="write the summary as JSON to this file")
 
 
-def _add_agentic(parser: argparse.ArgumentParser) -> None:
+def check_client_arguments(args: argparse.Namespace) -> None:
+    """Raise ValueError naming a client flag the drivers cannot work with (before any request)."""
+    if args.request_rate is not None and args.request_rate <= 0:
+        raise ValueError(f"--request-rate (--qps) must be > 0 requests/s (got {args.request_rate})")
+    if args.request_rate is None and args.concurrency < 1:
+        raise ValueError(f"--concurrency must be >= 1 (got {args.concurrency})")
+    if args.page_size < 1:
+        raise ValueError(f"--page-size must be >= 1 (got {args.page_size})")
+
+
+def add_agentic_workload_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The agentic workload's own flags (not --system-tokens, which multiround shares in `compare`)."""
     group = parser.add_argument_group("agentic workload")
     group.add_argument("--sessions", type=int, default=8, help="concurrent agent sessions, 1-64 (default: %(default)s)")
     group.add_argument("--turns", type=int, default=6, help="requests per session, 2-30 (default: %(default)s)")
     group.add_argument("--agents", type=int, default=1,
                        help="distinct system prompts; session s uses agent s %% agents (default: %(default)s)")
-    group.add_argument("--system-tokens", type=int, default=1500,
-                       help="system prompt + tool schemas size, 800-4000 (default: %(default)s)")
     group.add_argument("--turn-tokens", type=int, default=100,
                        help="tokens per user message or tool result, 20-200 (default: %(default)s)")
+    return group
+
+
+def _add_agentic(parser: argparse.ArgumentParser) -> None:
+    group = add_agentic_workload_args(parser)
+    group.add_argument("--system-tokens", type=int, default=1500,
+                       help="system prompt + tool schemas size, 800-4000 (default: %(default)s)")
     add_client_arguments(parser)
 
 
 BENCH_COMMANDS: tuple[BenchCommand, ...] = (
     BenchCommand("agentic", "interleaved multi-turn agent sessions with tool schemas", _add_agentic,
                  "kvstrata.bench.agentic:main"),
+    BenchCommand("multiround", "LMCache's multi-round QA: users with a shared system prompt and their own history",
+                 add_multiround_args, "kvstrata.bench.multiround:run_multiround"),
     BenchCommand("throughput", "offline cold prefill and decode tokens/s, kvstrata beside transformers",
                  add_throughput_args, "kvstrata.bench.throughput:run_throughput"),
     BenchCommand("repeat", "repeated requests (hot pool + unique) for the response cache, mean/p50/p99 latency",
                  add_repeat_args, "kvstrata.bench.repeat:run_repeat"),
     BenchCommand("soak", "production-shaped load for N minutes; fails on any error or RSS growth after warm-up",
                  add_soak_args, "kvstrata.bench.soak:run_soak"),
-    BenchCommand("compare", "start each engine in turn (kvstrata, vllm, llamacpp), same workload and client; "
-                 "JSON, Markdown table and PNG plots", add_compare_args, "kvstrata.bench.compare:run_compare"),
+    BenchCommand("compare", "start each engine in turn (kvstrata, vllm, llamacpp), same workload and client, "
+                 "then a throughput probe; JSON, Markdown table and PNG plots",
+                 add_compare_args, "kvstrata.bench.compare:run_compare"),
 )
 
 

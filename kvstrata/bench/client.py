@@ -32,6 +32,7 @@ class ChatResult:
     cached_tokens: int | None  # usage.prompt_tokens_details.cached_tokens; None if not reported
     content_chunks: int  # SSE chunks that carried content (a token count when usage is missing)
     error: str | None = None
+    chunk_times: tuple[float, ...] = ()  # time.perf_counter() at each content chunk (decode rates)
 
     @property
     def ok(self) -> bool:
@@ -63,10 +64,12 @@ class ChatClient:
         max_connections: int = 64,
         timeout_s: float = 600.0,
         api_key: str | None = None,
+        extra_body: dict[str, Any] | None = None,
     ) -> None:
         self.endpoint = chat_completions_url(url)
         self.model = model
         self.max_tokens = max_tokens
+        self.extra_body = dict(extra_body or {})  # merged into every request body (e.g. ignore_eos)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout_s, connect=30.0),
@@ -91,6 +94,7 @@ class ChatClient:
             "temperature": 0,
             "stream": True,
             "stream_options": {"include_usage": True},
+            **self.extra_body,
         }
 
     async def chat(self, messages: list[dict[str, str]]) -> ChatResult:
@@ -119,6 +123,7 @@ class _StreamState:
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] = {}
         self.content_chunks = 0
+        self.chunk_times: list[float] = []
         self.error: str | None = None
 
     def feed_line(self, line: str) -> bool:
@@ -141,8 +146,10 @@ class _StreamState:
         for choice in chunk.get("choices") or []:
             content = (choice.get("delta") or {}).get("content")
             if content:
+                now = time.perf_counter()
                 if self.ttft_s is None:
-                    self.ttft_s = time.perf_counter() - self.t_sent
+                    self.ttft_s = now - self.t_sent
+                self.chunk_times.append(now)
                 self.parts.append(content)
                 self.content_chunks += 1
             if choice.get("finish_reason"):
@@ -162,4 +169,5 @@ class _StreamState:
             cached_tokens=details.get("cached_tokens"),
             content_chunks=self.content_chunks,
             error=self.error,
+            chunk_times=tuple(self.chunk_times),
         )

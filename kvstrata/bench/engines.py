@@ -2,9 +2,10 @@
 
 Each engine gets both cores and the same model (SmolLM2-135M-Instruct): kvstrata from the GGUF,
 vLLM CPU from the HF copy (`make bench-peers`, `bench/peers/vllm_serve.sh`), llama.cpp's
-`llama-server` from the GGUF (`.peers/llama.cpp/bin/llama-server`, PEERS.md; 4 slots of 4096
-tokens, one per request in flight at the default --concurrency 4). A server runs in
-its own process group, logging to a file, and is stopped with SIGINT, then SIGKILL.
+`llama-server` from the GGUF (`.peers/llama.cpp/bin/llama-server`, PEERS.md; 8 slots of 4096
+tokens, so the throughput probe's 8 decode streams run at once, as on the other engines). A
+workload may add flags for an engine (`RunningServer(..., extra_args)`). A server runs in its own
+process group, logging to a file, and is stopped with SIGINT, then SIGKILL.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import httpx
 
@@ -45,7 +46,7 @@ def _vllm(port: int, gguf: str) -> list[str]:
 
 
 def _llamacpp(port: int, gguf: str) -> list[str]:
-    return [str(REPO / ".peers/llama.cpp/bin/llama-server"), "-m", gguf, "-c", "16384", "-np", "4",
+    return [str(REPO / ".peers/llama.cpp/bin/llama-server"), "-m", gguf, "-c", "32768", "-np", "8",
             "-t", "2", "-tb", "2", "--no-webui", "--host", "127.0.0.1", "--port", str(port), "-a", "smollm2"]
 
 
@@ -60,7 +61,9 @@ ENGINES: dict[str, EngineSpec] = {
 class RunningServer:
     """A started engine; use as a context manager so it is always stopped."""
 
-    def __init__(self, spec: EngineSpec, port: int, gguf: str, log_path: Path) -> None:
+    def __init__(
+        self, spec: EngineSpec, port: int, gguf: str, log_path: Path, extra_args: Sequence[str] = ()
+    ) -> None:
         if spec.needs and not (REPO / spec.needs).exists():
             raise EngineUnavailable(f"{spec.name}: {spec.needs} is missing; {spec.install_hint}")
         self.spec = spec
@@ -68,7 +71,8 @@ class RunningServer:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = log_path.open("w")
         self.proc = subprocess.Popen(
-            spec.command(port, gguf), cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            [*spec.command(port, gguf), *extra_args], cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.log_path = log_path
 

@@ -50,12 +50,17 @@ class RepeatResult:
 def add_repeat_args(parser: argparse.ArgumentParser) -> None:
     from kvstrata.bench.cli import add_client_arguments  # cli imports this module: import at call time
 
+    add_repeat_workload_args(parser)
+    add_client_arguments(parser)
+
+
+def add_repeat_workload_args(parser: argparse.ArgumentParser) -> None:
+    """The repeat workload's own flags (the client flags are added by the caller)."""
     group = parser.add_argument_group("repeat workload")
     group.add_argument("--repeat-ratio", type=float, default=0.5,
                        help="fraction of requests drawn from the hot pool, 0-1 (default: %(default)s)")
     group.add_argument("--hot-prompts", type=int, default=8, help="hot pool size, 1-8 (default: %(default)s)")
     group.add_argument("--num-requests", type=int, default=100, help="requests in the run (default: %(default)s)")
-    add_client_arguments(parser)
 
 
 def repeat_requests(num_requests: int, repeat_ratio: float, hot_prompts: int, seed: int) -> list[RepeatRequest]:
@@ -148,6 +153,26 @@ def format_repeat(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def run_repeat_workload(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    """Drive the stream the flags describe against `url`; the summary dict. ValueError on bad flags."""
+    requests = repeat_requests(args.num_requests, args.repeat_ratio, args.hot_prompts, args.seed)
+    concurrency = None if args.request_rate else args.concurrency
+    if args.request_rate is not None and args.request_rate <= 0:
+        raise ValueError(f"--request-rate must be > 0 requests/s, got {args.request_rate}")
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"--concurrency must be >= 1, got {concurrency}")
+    t0 = time.perf_counter()
+    results = asyncio.run(
+        drive_repeat(requests, url, args.model, args.max_tokens, concurrency, args.request_rate, args.seed)
+    )
+    meta = {
+        "workload": "repeat", "url": url, "model": args.model, "max_tokens": args.max_tokens,
+        "repeat_ratio": args.repeat_ratio, "hot_prompts": args.hot_prompts, "concurrency": concurrency,
+        "request_rate": args.request_rate, "seed": args.seed, "wall_s": time.perf_counter() - t0,
+    }
+    return summarize_repeat(results, meta)
+
+
 def run_repeat(args: argparse.Namespace) -> int:
     """The `bench repeat` command. Returns the process exit code (1 if any request failed)."""
     try:
@@ -155,19 +180,13 @@ def run_repeat(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    concurrency = None if args.request_rate else args.concurrency
     hot = sum(r.hot for r in requests)
     print(f"repeat: {len(requests)} requests ({hot} hot) -> {args.url} model={args.model}", file=sys.stderr)
-    t0 = time.perf_counter()
-    results = asyncio.run(
-        drive_repeat(requests, args.url, args.model, args.max_tokens, concurrency, args.request_rate, args.seed)
-    )
-    meta = {
-        "workload": "repeat", "url": args.url, "model": args.model, "max_tokens": args.max_tokens,
-        "repeat_ratio": args.repeat_ratio, "hot_prompts": args.hot_prompts, "concurrency": concurrency,
-        "request_rate": args.request_rate, "seed": args.seed, "wall_s": time.perf_counter() - t0,
-    }
-    summary = summarize_repeat(results, meta)
+    try:
+        summary = run_repeat_workload(args, args.url)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(format_repeat(summary))
     if args.output:
         from kvstrata.bench.report import write_json

@@ -199,6 +199,32 @@ def summarize(rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any
     }
 
 
+def uncached_prompt_tokens_per_s(report: dict[str, Any]) -> float | None:
+    """Prompt tokens the server had to compute (not cached), per second of the run."""
+    uncached = report["prompt_tokens"] - (report["cached_tokens"] or 0)
+    return uncached / report["duration_s"] if report["duration_s"] else None
+
+
+def per_turn(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per turn (a multi-round user's round): TTFT p50/p99 and hit efficiency of its requests."""
+    turns = sorted({row["turn"] for row in report["per_request"]})
+    out = []
+    for t in turns:
+        rows = [row for row in report["per_request"] if row["turn"] == t]
+        ok = [row for row in rows if row["error"] is None]
+        ttft = [row["ttft_s"] for row in ok if row["ttft_s"] is not None]
+        reported = [row for row in ok if row["cached_tokens"] is not None]
+        cached = sum(row["cached_tokens"] for row in reported) if reported else None
+        achievable = sum(row["achievable_cached_tokens"] for row in reported)
+        out.append({
+            "turn": t, "requests": len(rows), "errors": len(rows) - len(ok),
+            "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+            "cached_tokens": cached, "achievable_cached_tokens": sum(row["achievable_cached_tokens"] for row in rows),
+            "hit_efficiency": cached / achievable if cached is not None and achievable else None,
+        })
+    return out
+
+
 def format_table(report: dict[str, Any]) -> str:
     def num(x: float | int | None, scale: float = 1.0, fmt: str = "{:,.0f}") -> str:
         return "n/a" if x is None else fmt.format(x * scale)

@@ -140,7 +140,7 @@ def _sentence(rng: random.Random, n_words: int) -> str:
     return text[0].upper() + text[1:] + "."
 
 
-def _prose(rng: random.Random, tokens: int) -> str:
+def prose(rng: random.Random, tokens: int) -> str:
     """Sentences of 6-18 words until about `tokens` tokens (one per word, one per period)."""
     sentences: list[str] = []
     left = tokens
@@ -171,7 +171,7 @@ def _agent(config: AgenticConfig, agent_id: int) -> Agent:
     rng = _rng(config, "agent", agent_id)
     head = (
         f"You are agent {agent_id}, an assistant that works for the {rng.choice(NOUNS)} team. "
-        f"{_prose(rng, 60)}\n\n# Tools\n\nYou may call one or more functions to help with the "
+        f"{prose(rng, 60)}\n\n# Tools\n\nYou may call one or more functions to help with the "
         "request. Function signatures are given within <tools></tools> tags:\n<tools>\n"
     )
     tail = "</tools>\n\n# Rules\n\n"
@@ -188,26 +188,26 @@ def _agent(config: AgenticConfig, agent_id: int) -> Agent:
         names.append(name)
         lines.append(line)
         budget -= approx_tokens(line)
-    prompt = head + "".join(lines) + tail + _prose(rng, budget)
+    prompt = head + "".join(lines) + tail + prose(rng, budget)
     return Agent(agent_id, tuple(names), prompt)
 
 
 def _user_message(rng: random.Random, tokens: int) -> str:
-    return _prose(rng, tokens)
+    return prose(rng, tokens)
 
 
 def _tool_result(rng: random.Random, tool: str, tokens: int) -> str:
     """A Hermes-style tool response; a bare JSON object when short, a list of results when long."""
     if tokens < 40:
         head = f"{{\"name\": \"{tool}\", \"content\": "
-        return head + json.dumps(_prose(rng, tokens - approx_tokens(head) - 2)) + "}"
+        return head + json.dumps(prose(rng, tokens - approx_tokens(head) - 2)) + "}"
     head = f"<tool_response>\n{{\"name\": \"{tool}\", \"content\": "
     tail = "}\n</tool_response>"
     budget = tokens - approx_tokens(head + tail) - 4
     results: list[dict[str, object]] = []
     while budget > 8:
         item: dict[str, object] = {"id": rng.randint(1000, 99999), "status": rng.choice(NOUNS)}
-        item["note"] = _prose(rng, min(budget - approx_tokens(json.dumps(item)) - 4, 30))
+        item["note"] = prose(rng, min(budget - approx_tokens(json.dumps(item)) - 4, 30))
         results.append(item)
         budget -= approx_tokens(json.dumps(item)) + 1
     return head + json.dumps({"results": results}) + tail

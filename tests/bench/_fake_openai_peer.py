@@ -7,6 +7,8 @@ chosen by the request's `model`:
   "length", then (if asked) a usage chunk with `prompt_tokens_details.cached_tokens`;
 - "no-cache-field": the same but its usage has no `prompt_tokens_details` (like some peers);
 - "fail": HTTP 500 with an OpenAI-style error body.
+`/v1/completions` (the repeat workload's) answers one JSON body, after TTFT_DELAY_S; with
+`response_cache` on it answers a body it saw before at once, with `x-kvstrata-cache: hit`.
 Every request body is kept in `FakePeer.requests`; `max_in_flight` is the most streams open at once.
 """
 from __future__ import annotations
@@ -43,6 +45,7 @@ class FakePeer:
     requests: list[dict[str, Any]] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
+    response_cache: bool = False
 
     def reset(self) -> None:
         self.requests.clear()
@@ -90,7 +93,23 @@ def _app(peer: FakePeer) -> Starlette:
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
-    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+    async def completions(request: Request) -> Response:
+        body = await request.json()
+        seen = body in peer.requests
+        peer.requests.append(body)
+        if body["model"] == "fail":
+            return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, status_code=500)
+        hit = peer.response_cache and seen
+        if not hit:
+            await asyncio.sleep(TTFT_DELAY_S)
+        headers = {"x-kvstrata-cache": "hit" if hit else "miss"} if peer.response_cache else {}
+        usage = {"prompt_tokens": 12, "completion_tokens": body["max_tokens"], "total_tokens": 12 + body["max_tokens"]}
+        choice = {"index": 0, "text": " The Nile.", "finish_reason": "length"}
+        return JSONResponse({"id": "cmpl-1", "object": "text_completion", "choices": [choice], "usage": usage},
+                            headers=headers)
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
+                             Route("/v1/completions", completions, methods=["POST"])])
 
 
 @contextlib.contextmanager
