@@ -76,8 +76,10 @@ bench-peers: install fetch-model
 	$(BIN)/python -m kvstrata.bench.export_hf --out .peers/smollm2-hf
 	bench/peers/build_llama_server.sh $(BIN)/pip
 
-# `kvstrata bench compare` (kvstrata/bench/compare.py): each engine in turn, same workload and client;
-# JSON, Markdown table and PNG plots into bench/results/. ARGS: --engines kvstrata,vllm,llamacpp ...
+# `kvstrata bench compare` (kvstrata/bench/compare.py): each engine in turn, the same workload and client, then
+# an HTTP throughput probe (cold prefill, decode at batch 1 and 8; --no-throughput skips it); JSON, Markdown
+# table and PNG plots into bench/results/. ARGS: --workload agentic|multiround|repeat|throughput
+# --engines kvstrata,vllm,llamacpp ...
 .PHONY: bench-compare
 bench-compare: bench-peers
 	$(BIN)/pip install -q -e '.[bench]'
