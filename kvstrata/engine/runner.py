@@ -11,6 +11,9 @@ from kvstrata.model.llama import LlamaModel
 from kvstrata.model.sampler import SampleSpec, sample
 
 
+DECODE_PAD_TOKENS = 64
+
+
 class ModelRunner:
     def __init__(self, model: LlamaModel, pool: PagePool) -> None:
         self.model = model
@@ -50,7 +53,11 @@ class ModelRunner:
                 logit_rows.append(row - 1)
         meta = AttentionMetadata(page_size=ps, slot_mapping=self._tensor(slots), prefill=prefill)
         if decode_rows:
-            pmax = max(len(t) for t in decode_tables)
+            # pad the page tables to a multiple of 64 tokens: the bf16 matmuls of decode attention
+            # (oneDNN) build a kernel per new shape, ~0.6 ms each, so a context length that changes
+            # every step would pay that every step; padding (masked) changes the shape every 64 tokens
+            pad = max(1, DECODE_PAD_TOKENS // ps)
+            pmax = -(-max(len(t) for t in decode_tables) // pad) * pad
             meta.decode_rows = self._tensor(decode_rows)
             meta.decode_pages = self._tensor([t + [0] * (pmax - len(t)) for t in decode_tables])  # [B, Pmax]
             lens = self._tensor(decode_lens)

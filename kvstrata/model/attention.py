@@ -138,9 +138,8 @@ class TorchSDPABackend:
             )
         k = gather_pages(k_cache, meta.decode_pages, meta.page_size)  # [B, Pmax * ps, Hkv, D]
         v = gather_pages(v_cache, meta.decode_pages, meta.page_size)
-        if q.shape[0] == 1:  # one sequence: cut the unused tail of its last page instead of masking
-            n = meta.decode_lens[0]
-            return grouped_decode_attention(q, k[:, :n], v[:, :n], None)
+        # masked, not cut to the exact length even for one row: the runner pads Pmax so the matmul
+        # shapes (and oneDNN's per-shape kernels) change every 64 tokens instead of every step
         return grouped_decode_attention(q, k, v, meta.decode_mask)
 
 
