@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from kvstrata.bench.workloads import Session, Turn, approx_tokens, prose
+from kvstrata.bench.workloads import Session, Turn, approx_tokens, check_ranges, prose
 
 # The peers compare starts serve 4096-token sequences (engines.py); the last round must fit.
 MAX_CONTEXT_TOKENS = 4096
@@ -50,9 +50,7 @@ class MultiRoundConfig:
             ("--question-tokens", self.question_tokens, 5, 500),
             ("--answer-tokens", self.answer_tokens, 1, 1024),
         ]
-        for flag, value, low, high in checks:
-            if not low <= value <= high:
-                raise ValueError(f"{flag} must be in [{low}, {high}] (got {value})")
+        check_ranges(checks)
         if self.last_round_tokens() > MAX_CONTEXT_TOKENS:
             raise ValueError(
                 f"the last round needs about {self.last_round_tokens()} tokens, more than the {MAX_CONTEXT_TOKENS} "

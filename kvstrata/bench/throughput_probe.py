@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from kvstrata.bench.client import ChatClient, ChatResult
-from kvstrata.bench.workloads import prose
+from kvstrata.bench.workloads import check_ranges, prose
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,7 @@ class ProbeConfig:
     def validate(self) -> None:
         checks = [("--prefill-tokens", self.prefill_tokens, 64, 3800), ("--decode-tokens", self.decode_tokens, 8, 1024),
                   ("--decode-batch", self.decode_batch, 1, 64), ("--probe-repeats", self.repeats, 1, 10)]
-        for flag, value, low, high in checks:
-            if not low <= value <= high:
-                raise ValueError(f"{flag} must be in [{low}, {high}] (got {value})")
+        check_ranges(checks)
 
 
 def _nonce(rng: random.Random) -> str:

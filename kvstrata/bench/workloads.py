@@ -52,6 +52,13 @@ def approx_tokens(text: str) -> int:
     return len(_PIECE.findall(text))
 
 
+def check_ranges(checks: list[tuple[str, int, int, int]]) -> None:
+    """Raise ValueError naming the first flag whose value is outside [low, high]."""
+    for flag, value, low, high in checks:
+        if not low <= value <= high:
+            raise ValueError(f"{flag} must be in [{low}, {high}] (got {value})")
+
+
 @dataclass(frozen=True)
 class AgenticConfig:
     agents: int = 1
@@ -70,9 +77,7 @@ class AgenticConfig:
             ("--system-tokens", self.system_tokens, 800, 4000),
             ("--turn-tokens", self.turn_tokens, 20, 200),
         ]
-        for flag, value, low, high in checks:
-            if not low <= value <= high:
-                raise ValueError(f"{flag} must be in [{low}, {high}] (got {value})")
+        check_ranges(checks)
         if self.agents > self.sessions:
             raise ValueError(f"--agents ({self.agents}) must not exceed --sessions ({self.sessions})")
 
