@@ -126,50 +126,51 @@ async def drive_agentic(
     return records
 
 
-def main(args: argparse.Namespace) -> int:
-    """The `bench agentic` command: generate, drive, report. Returns the process exit code."""
-    config = AgenticConfig(
-        agents=args.agents,
-        sessions=args.sessions,
-        turns=args.turns,
-        system_tokens=args.system_tokens,
-        turn_tokens=args.turn_tokens,
-        seed=args.seed,
-    )
+def agentic_config(args: argparse.Namespace) -> AgenticConfig:
+    """The workload the flags describe (ValueError naming a bad flag); `--system-tokens` None = 1500."""
     from kvstrata.bench.cli import check_client_arguments
 
+    system = 1500 if args.system_tokens is None else args.system_tokens
+    config = AgenticConfig(agents=args.agents, sessions=args.sessions, turns=args.turns,
+                           system_tokens=system, turn_tokens=args.turn_tokens, seed=args.seed)
+    config.validate()
+    check_client_arguments(args)
+    return config
+
+
+def run_agentic_workload(
+    args: argparse.Namespace, url: str, config: AgenticConfig, tokenizer: object, progress: bool = True
+) -> dict[str, object]:
+    """Drive `config`'s sessions against `url` with the client flags; the report dict (the JSON file)."""
+    workload = generate_agentic(config)
+    concurrency = None if args.request_rate else args.concurrency
+
+    async def run() -> list[RequestRecord]:
+        connections = max(concurrency or 0, config.sessions)
+        async with ChatClient(url, args.model, args.max_tokens, max_connections=connections) as c:
+            return await drive_agentic(workload, c, concurrency, args.request_rate, config.seed, progress=progress)
+
+    records = asyncio.run(run())
+    meta = {"workload": "agentic", "url": url, "model": args.model, "tokenizer": args.tokenizer,
+            "max_tokens": args.max_tokens, "concurrency": concurrency, "request_rate": args.request_rate,
+            "page_size": args.page_size, **asdict(config)}
+    return build_report(records, tokenizer, args.page_size, meta)
+
+
+def main(args: argparse.Namespace) -> int:
+    """The `bench agentic` command: generate, drive, report. Returns the process exit code."""
     try:
-        workload = generate_agentic(config)
-        check_client_arguments(args)
+        config = agentic_config(args)
         tokenizer = load_tokenizer(args.tokenizer)  # before the run: a bad path fails fast
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    concurrency = None if args.request_rate else args.concurrency
     print(
-        f"agentic: {workload.num_requests} requests ({config.sessions} sessions x {config.turns} turns,"
+        f"agentic: {config.sessions * config.turns} requests ({config.sessions} sessions x {config.turns} turns,"
         f" {config.agents} agents) -> {args.url} model={args.model}",
         file=sys.stderr,
     )
-
-    async def run() -> list[RequestRecord]:
-        connections = max(concurrency or 0, config.sessions)
-        async with ChatClient(args.url, args.model, args.max_tokens, max_connections=connections) as c:
-            return await drive_agentic(workload, c, concurrency, args.request_rate, config.seed)
-
-    records = asyncio.run(run())
-    meta = {
-        "workload": "agentic",
-        "url": args.url,
-        "model": args.model,
-        "tokenizer": args.tokenizer,
-        "max_tokens": args.max_tokens,
-        "concurrency": concurrency,
-        "request_rate": args.request_rate,
-        "page_size": args.page_size,
-        **asdict(config),
-    }
-    report = build_report(records, tokenizer, args.page_size, meta)
+    report = run_agentic_workload(args, args.url, config, tokenizer)
     print(format_table(report))
     if args.output:
         write_json(report, args.output)

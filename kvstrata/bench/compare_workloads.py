@@ -9,8 +9,7 @@ which is the point). To add a workload, add one entry; compare.py has no per-wor
 from __future__ import annotations
 
 import argparse
-import asyncio
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -45,37 +44,16 @@ def _agentic_args(parser: argparse.ArgumentParser) -> object:
 
 
 def _agentic_config(args: argparse.Namespace) -> AgenticConfig:
-    from kvstrata.bench.cli import check_client_arguments
-    from kvstrata.bench.workloads import AgenticConfig
+    from kvstrata.bench.agentic import agentic_config
 
-    system = 1500 if args.system_tokens is None else args.system_tokens
-    config = AgenticConfig(agents=args.agents, sessions=args.sessions, turns=args.turns,
-                           system_tokens=system, turn_tokens=args.turn_tokens, seed=args.seed)
-    config.validate()
-    check_client_arguments(args)
-    return config
+    return agentic_config(args)
 
 
 def _run_agentic(args: argparse.Namespace, url: str) -> Report:
-    from kvstrata.bench.agentic import RequestRecord, drive_agentic
-    from kvstrata.bench.client import ChatClient
-    from kvstrata.bench.report import build_report, load_tokenizer
-    from kvstrata.bench.workloads import generate_agentic
+    from kvstrata.bench.agentic import run_agentic_workload
+    from kvstrata.bench.report import load_tokenizer
 
-    config = _agentic_config(args)
-    workload = generate_agentic(config)
-    concurrency = None if args.request_rate else args.concurrency
-
-    async def run() -> list[RequestRecord]:
-        connections = max(concurrency or 0, config.sessions)
-        async with ChatClient(url, args.model, args.max_tokens, max_connections=connections) as client:
-            return await drive_agentic(workload, client, concurrency, args.request_rate, config.seed, progress=False)
-
-    records = asyncio.run(run())
-    meta = {"workload": "agentic", "url": url, "model": args.model, "max_tokens": args.max_tokens,
-            "concurrency": concurrency, "request_rate": args.request_rate, "page_size": args.page_size,
-            **asdict(config)}
-    return build_report(records, load_tokenizer(args.tokenizer), args.page_size, meta)
+    return run_agentic_workload(args, url, _agentic_config(args), load_tokenizer(args.tokenizer), progress=False)
 
 
 def _multiround_args(parser: argparse.ArgumentParser) -> object:
