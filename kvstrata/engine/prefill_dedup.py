@@ -15,9 +15,10 @@ from collections.abc import Iterable
 from kvstrata.engine.request import Request
 
 
-def shared_full_pages(a: list[int], b: list[int], page_size: int) -> int:
-    """Number of leading full pages whose tokens `a` and `b` have in common."""
-    n = min(len(a), len(b)) // page_size
+def shared_full_pages(a: list[int], b: list[int], page_size: int, limit: int | None = None) -> int:
+    """Number of leading full pages whose tokens `a` and `b` have in common, among their first
+    `limit` tokens (default: all)."""
+    n = min(len(a), len(b), len(a) if limit is None else limit) // page_size
     for p in range(n):
         lo = p * page_size
         if a[lo : lo + page_size] != b[lo : lo + page_size]:
@@ -27,11 +28,14 @@ def shared_full_pages(a: list[int], b: list[int], page_size: int) -> int:
 
 def follows_inflight_prefill(req: Request, running: Iterable[Request], page_size: int) -> bool:
     """Whether `req` shares a full page that a running request has yet to compute in its prompt."""
-    prompt = req.token_ids[: req.num_prompt_tokens]
     for other in running:
-        if other.num_computed_tokens >= other.num_prompt_tokens or other.params.extra_key != req.params.extra_key:
+        computed = other.num_computed_tokens
+        if computed >= other.num_prompt_tokens or other.params.extra_key != req.params.extra_key:
             continue  # decoding already, or a cache namespace req could never hit
-        shared = shared_full_pages(prompt, other.token_ids[: other.num_prompt_tokens], page_size) * page_size
-        if shared > other.num_computed_tokens:
+        # it follows iff the page holding `other`'s next token is shared: compare up to that page only,
+        # without copying either prompt (this runs for each waiting request every step)
+        needed = (computed // page_size + 1) * page_size
+        limit = min(needed, req.num_prompt_tokens, other.num_prompt_tokens)
+        if shared_full_pages(req.token_ids, other.token_ids, page_size, limit) * page_size > computed:
             return True
     return False
