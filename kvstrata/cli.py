@@ -21,7 +21,7 @@ from kvstrata.config import (
 def _check_server_flags(server_cfg: ServerConfig) -> None:
     """What a server checks at start (key file, response-cache flags): ConfigError on a bad one."""
     from kvstrata.serving.auth import ApiKeys
-    from kvstrata.serving.response_cache_service import ResponseCacheService
+    from kvstrata.serving.response_cache.service import ResponseCacheService
 
     ApiKeys.from_config(server_cfg)
     ResponseCacheService(server_cfg)

@@ -131,7 +131,7 @@ class ServerConfig:
     port: int = opt(8000, "port to listen on", min=0, max=65535)
     enable_log_request_stats: bool = opt(False, "log one key=value line per finished request")
     log_level: str = opt("info", "log level", choices=["debug", "info", "warning", "error"])
-    # Response cache (kvstrata/serving/response_cache.py); EnergonAI's flag spellings as aliases.
+    # Response cache (kvstrata/serving/response_cache/); EnergonAI's flag spellings as aliases.
     response_cache_size: int = opt(
         0, "most request keys the response cache holds, LRU (0 = off)", aliases=["--cache_size"]
     )

@@ -28,7 +28,7 @@ from kvstrata.serving.errors import install_error_handlers
 from kvstrata.serving.http_protocol import JsonErrorH11Protocol
 from kvstrata.serving.limits import PARSER_BUFFER_BYTES, RequestLimitsMiddleware
 from kvstrata.serving.metrics import CONTENT_TYPE
-from kvstrata.serving.response_cache_service import CacheHeaderOnErrors
+from kvstrata.serving.response_cache.service import CacheHeaderOnErrors
 from kvstrata.serving.server import UvicornThread
 
 logger = logging.getLogger(__name__)

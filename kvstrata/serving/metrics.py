@@ -57,7 +57,7 @@ class Metrics:
         self.waiting = Gauge(P + "num_requests_waiting", "Requests waiting for admission", registry=r)
         self.kv_usage = Gauge(P + "kv_cache_usage_perc", "Fraction of KV pages in use (0-1)", registry=r)
         self.cached_pages = Gauge(P + "prefix_cache_pages", "Pages held by the prefix cache", registry=r)
-        # the response cache counts these (response_cache_service.py); entries is read at scrape time
+        # the response cache counts these (response_cache/service.py); entries is read at scrape time
         self.response_cache_hits = Counter(
             P + "response_cache_hits", "Requests answered from the response cache", registry=r
         )

@@ -1,6 +1,6 @@
 """The OpenAI-compatible FastAPI app: /v1/chat/completions, /v1/completions, /v1/models, /health.
 
-A route validates (protocol.py), asks the response cache (response_cache_service.py: a hit is
+A route validates (protocol.py), asks the response cache (response_cache/service.py: a hit is
 replayed without the engine), fans the choices into the engine and merges them (streaming.py),
 then answers with one JSON body or an SSE stream, each with the `x-kvstrata-cache` header. A
 client that disconnects aborts its engine requests: non-streaming routes poll
@@ -27,9 +27,9 @@ from kvstrata.serving.limits import RequestLimitsMiddleware
 from kvstrata.serving.prepare import PreparedRequest, check_model, prepare_chat, prepare_completion
 from kvstrata.serving.protocol import ChatCompletionRequest, CompletionRequest
 from kvstrata.serving.rank_info import install_rank_info_route
-from kvstrata.serving.response_cache_key import CHAT, COMPLETIONS
-from kvstrata.serving.response_cache_replay import replay
-from kvstrata.serving.response_cache_service import CacheHeaderOnErrors, Ticket
+from kvstrata.serving.response_cache.key import CHAT, COMPLETIONS
+from kvstrata.serving.response_cache.replay import replay
+from kvstrata.serving.response_cache.service import CacheHeaderOnErrors, Ticket
 from kvstrata.serving.shutdown import LifecycleMiddleware
 from kvstrata.serving.state import ServerState
 from kvstrata.serving.streaming import (

@@ -9,7 +9,7 @@ from kvstrata.serving.auth import ApiKeys
 from kvstrata.serving.errors import APIError
 from kvstrata.serving.metrics import Metrics
 from kvstrata.serving.request_log import RequestLog
-from kvstrata.serving.response_cache_service import ResponseCacheService
+from kvstrata.serving.response_cache.service import ResponseCacheService
 from kvstrata.serving.shutdown import Lifecycle
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@
 with a `Ticket`:
 - bypass: the cache is off (`--response-cache-size 0`), or the request opted out with
   `"cache": false` in its body or `Cache-Control: no-cache` (or no-store); nothing read or stored;
-- hit: the key's list is full; `ticket.value` is replayed (response_cache_replay.py);
+- hit: the key's list is full; `ticket.value` is replayed (replay.py);
 - miss: this request leads one generation of the key (single flight: identical misses beyond
   what the key still needs wait for a running generation, then look again). The route passes
   the engine outputs through `ticket.record(...)`, which adds the result once every choice
@@ -33,10 +33,10 @@ from kvstrata.engine.sampling_params import InvalidRequestError
 from kvstrata.serving.auth import request_tenant
 from kvstrata.serving.metrics import Metrics
 from kvstrata.serving.prepare import check_model
-from kvstrata.serving.response_cache import ResponseCache
-from kvstrata.serving.response_cache_key import engine_namespace, is_deterministic, load_fixed_keys, request_key
-from kvstrata.serving.response_cache_replay import FINISHED_NORMALLY, CachedChoice, CachedResponse
-from kvstrata.serving.single_flight import SingleFlight
+from kvstrata.serving.response_cache.cache import ResponseCache
+from kvstrata.serving.response_cache.key import engine_namespace, is_deterministic, load_fixed_keys, request_key
+from kvstrata.serving.response_cache.replay import FINISHED_NORMALLY, CachedChoice, CachedResponse
+from kvstrata.serving.response_cache.single_flight import SingleFlight
 
 if TYPE_CHECKING:
     from kvstrata.engine.async_engine import AsyncEngine

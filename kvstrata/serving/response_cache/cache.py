@@ -15,7 +15,7 @@ Every hit and every add moves the key to the most-recent end.
 
 Invariants (`check_integrity`): len(_lru) <= size; no key in both maps; every entry holds
 1..capacity results and capacity is 1 or list_size. Thread-safe: one lock around every call.
-The cache is keyed by opaque strings (`response_cache_key.request_key`) and knows nothing of HTTP.
+The cache is keyed by opaque strings (`key.request_key`) and knows nothing of HTTP.
 """
 from __future__ import annotations
 

@@ -15,15 +15,15 @@ import pytest
 from kvstrata.cli import build_parser
 from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig, ServerConfig, from_namespace
 from kvstrata.serving.protocol import ChatCompletionRequest, CompletionRequest
-from kvstrata.serving.response_cache import ResponseCache
-from kvstrata.serving.response_cache_key import (
+from kvstrata.serving.response_cache.cache import ResponseCache
+from kvstrata.serving.response_cache.key import (
     CHAT,
     COMPLETIONS,
     is_deterministic,
     load_fixed_keys,
     request_key,
 )
-from kvstrata.serving.single_flight import SingleFlight
+from kvstrata.serving.response_cache.single_flight import SingleFlight
 from kvstrata.serving.state import ServerState
 
 NS = "smollm2|weights|template"
