@@ -1,4 +1,4 @@
-"""`make bench-locust`: EnergonAI's Locust test (bench/locustfile.py) with the response cache off, then on.
+"""`make bench-locust`: EnergonAI's Locust test (locust/locustfile.py) with the response cache off, then on.
 
 For each run it starts `kvstrata serve` on --port (its own process, stopped after the run), waits
 for GET /health, runs Locust headless for --run-time with --users users, and reads Locust's
@@ -48,8 +48,8 @@ def run_once(name: str, cache_size: int, args: argparse.Namespace, out: Path) ->
         server = subprocess.Popen(serve, stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_healthy(url, server)
-            locust = [str(BIN / "locust"), "-f", str(HERE / "locustfile.py"), "--headless", "-u", str(args.users),
-                      "-r", str(args.users), "-t", args.run_time, "--host", url, "--csv", str(out / name),
+            locust = [str(BIN / "locust"), "-f", str(HERE / "locust" / "locustfile.py"), "--headless",
+                      "-u", str(args.users), "-r", str(args.users), "-t", args.run_time, "--host", url, "--csv", str(out / name),
                       "--only-summary"]
             with (out / f"{name}-locust.log").open("wb") as llog:
                 subprocess.run(locust, stdout=llog, stderr=subprocess.STDOUT, check=False)

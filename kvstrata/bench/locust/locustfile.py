@@ -4,7 +4,7 @@ Each simulated user loops forever over five sequential requests for the same pro
 max_tokens 16, 32, 64, 128, 256 and no wait between them; HTTP 200 counts as success. Run it
 headless with `make bench-locust` (cache off, then on) or by hand:
 
-    .venv/bin/locust -f bench/locustfile.py --headless -u 4 -r 4 -t 60s --host http://127.0.0.1:8011
+    .venv/bin/locust -f kvstrata/bench/locust/locustfile.py --headless -u 4 -r 4 -t 60s --host http://127.0.0.1:8011
 
 The model id comes from KVSTRATA_MODEL (default smollm2).
 """
