@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def add_analyze_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from kvstrata.bench.cli import default_tokenizer
+    from kvstrata.bench.args import default_tokenizer
 
     p = subparsers.add_parser(
         "analyze", help="why a request log misses the prefix cache: hit rate, sessions, divergences, advice",

@@ -22,7 +22,8 @@ from typing import Protocol, Sequence
 
 from tqdm import tqdm
 
-from kvstrata.bench.client import ChatClient, ChatResult
+from kvstrata.bench.args import check_client_arguments
+from kvstrata.bench.client import ChatClient, RequestRecord
 from kvstrata.bench.report import build_report, format_table, load_tokenizer, write_json
 from kvstrata.bench.workloads import AgenticConfig, Session, generate_agentic
 
@@ -40,16 +41,6 @@ class Conversations(Protocol):
     def num_requests(self) -> int: ...
 
     def messages(self, session_id: int, replies: list[str]) -> list[dict[str, str]]: ...
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    session_id: int
-    agent_id: int
-    turn: int  # 0 = the session's first request
-    turn_kind: str  # "user" or "tool_result"
-    messages: list[dict[str, str]]  # exactly what was sent
-    result: ChatResult
 
 
 class _Gate:
@@ -128,8 +119,6 @@ async def drive_agentic(
 
 def agentic_config(args: argparse.Namespace) -> AgenticConfig:
     """The workload the flags describe (ValueError naming a bad flag); `--system-tokens` None = 1500."""
-    from kvstrata.bench.cli import check_client_arguments
-
     system = 1500 if args.system_tokens is None else args.system_tokens
     config = AgenticConfig(agents=args.agents, sessions=args.sessions, turns=args.turns,
                            system_tokens=system, turn_tokens=args.turn_tokens, seed=args.seed)

@@ -43,6 +43,18 @@ class ChatResult:
         return self.t_done - self.t_sent
 
 
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request a workload driver sent (which session, which turn, the messages) and its result."""
+
+    session_id: int
+    agent_id: int
+    turn: int  # 0 = the session's first request
+    turn_kind: str  # "user" or "tool_result"
+    messages: list[dict[str, str]]  # exactly what was sent
+    result: ChatResult
+
+
 def chat_completions_url(url: str) -> str:
     """`http://host:port`, `.../v1` or the full endpoint -> the chat completions endpoint."""
     url = url.rstrip("/")

@@ -18,11 +18,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from kvstrata.bench.args import add_client_arguments
 from kvstrata.bench.engines import ENGINES, EngineUnavailable, RunningServer
 
 
 def add_compare_args(parser: argparse.ArgumentParser) -> None:
-    from kvstrata.bench.cli import add_client_arguments
     from kvstrata.bench.compare_workloads import COMPARE_WORKLOADS, add_probe_args
 
     group = parser.add_argument_group("compare")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from kvstrata.bench.args import add_agentic_workload_args, check_client_arguments
 from kvstrata.bench.compare_table import Column, Report, fmt, seconds
 from kvstrata.bench.report import uncached_prompt_tokens_per_s
 
@@ -38,8 +39,6 @@ class CompareWorkload:
 
 
 def _agentic_args(parser: argparse.ArgumentParser) -> object:
-    from kvstrata.bench.cli import add_agentic_workload_args
-
     return add_agentic_workload_args(parser)
 
 
@@ -81,7 +80,6 @@ def _repeat_args(parser: argparse.ArgumentParser) -> object:
 
 
 def _repeat_check(args: argparse.Namespace) -> object:
-    from kvstrata.bench.cli import check_client_arguments
     from kvstrata.bench.repeat import repeat_requests
 
     check_client_arguments(args)

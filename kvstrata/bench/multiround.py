@@ -15,6 +15,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
+from kvstrata.bench.args import add_client_arguments, check_client_arguments
 from kvstrata.bench.multiround_workload import MultiRoundConfig, generate_multiround
 
 DEFAULT_SYSTEM_TOKENS = 1000
@@ -39,8 +40,6 @@ def add_multiround_workload_args(parser: argparse.ArgumentParser) -> argparse._A
 
 def add_multiround_args(parser: argparse.ArgumentParser) -> None:
     """All flags of `bench multiround`."""
-    from kvstrata.bench.cli import add_client_arguments  # cli imports this module: import at call time
-
     group = add_multiround_workload_args(parser)
     group.add_argument("--system-tokens", type=int, default=DEFAULT_SYSTEM_TOKENS,
                         help="the system prompt all users share (default: %(default)s)")
@@ -49,8 +48,6 @@ def add_multiround_args(parser: argparse.ArgumentParser) -> None:
 
 def multiround_config(args: argparse.Namespace) -> MultiRoundConfig:
     """The config the flags describe; raises ValueError naming a flag out of shape."""
-    from kvstrata.bench.cli import check_client_arguments
-
     system = DEFAULT_SYSTEM_TOKENS if args.system_tokens is None else args.system_tokens
     config = MultiRoundConfig(num_users=args.num_users, num_rounds=args.num_rounds, system_tokens=system,
                               history_tokens=args.history_tokens, question_tokens=args.question_tokens,

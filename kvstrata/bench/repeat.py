@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from kvstrata.bench.args import add_client_arguments
+
 RIVER = "Question: What is the longest river on the earth? Answer:"
 HOT_QUESTIONS = (
     RIVER,
@@ -48,8 +50,6 @@ class RepeatResult:
 
 
 def add_repeat_args(parser: argparse.ArgumentParser) -> None:
-    from kvstrata.bench.cli import add_client_arguments  # cli imports this module: import at call time
-
     add_repeat_workload_args(parser)
     add_client_arguments(parser)
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from kvstrata.bench.agentic import RequestRecord
+    from kvstrata.bench.client import RequestRecord
 
 
 @functools.lru_cache(maxsize=4)

@@ -7,7 +7,7 @@ from typing import Any, Iterator
 import pytest
 
 from _fake_openai_peer import FakePeer, serve_fake_peer
-from kvstrata.bench.cli import default_tokenizer
+from kvstrata.bench.args import default_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,8 @@ import pytest
 
 from _fake_openai_peer import CACHED_TOKENS, FakePeer, reply_for
 from kvstrata.bench.agentic import RequestRecord, drive_agentic
-from kvstrata.bench.cli import add_bench_parser, default_tokenizer, run_bench
+from kvstrata.bench.args import default_tokenizer
+from kvstrata.bench.cli import add_bench_parser, run_bench
 from kvstrata.bench.client import ChatClient
 from kvstrata.bench.workloads import AgenticConfig, AgenticWorkload, generate_agentic
 
