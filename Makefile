@@ -57,12 +57,12 @@ soak: install fetch-model
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
 
-# EnergonAI's Locust test (kvstrata/bench/locust/locustfile.py), response cache off then on; locust is installed
-# here only, not with the package, so `make test` stays lean. ARGS: --users, --run-time, --port ...
+# EnergonAI's Locust test (`kvstrata bench locust`, kvstrata/bench/locust/locustfile.py), response cache off then on;
+# locust is installed here only, not with the package, so `make test` stays lean. ARGS: --users, --run-time, --port ...
 .PHONY: bench-locust
 bench-locust: install fetch-model
 	$(BIN)/pip install -q locust
-	$(BIN)/python -m kvstrata.bench.locust_compare $(ARGS)
+	$(BIN)/kvstrata bench locust $(ARGS)
 
 # Peers for side-by-side runs (../shared/PEERS.md), installed into .peers/ (git-ignored):
 # vLLM CPU in its own venv (with the extras that break `import vllm` removed) and the HF copy of

@@ -1,5 +1,5 @@
-"""How often bfloat16 greedy output drifts from float32, and whether the prefix cache changes
-bfloat16 output. Prints counts; run: `.venv/bin/python bench/bf16_drift.py [--prompts 24]`.
+"""`kvstrata bench bf16-drift`: how often bfloat16 greedy output drifts from float32, and whether the
+prefix cache changes bfloat16 output (offline `LLM` API). Prints counts; `--prompts 24` by default.
 
 The multi-turn part (`--conversations N`) replays 3-turn chats with the cache on and off: turn 2
 and 3 reuse K/V that turn 1 computed in decode steps (on the int4 weights with `--q4-decode`,
@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import random
-
-from kvstrata import LLM, SamplingParams
 
 TOPICS = ["the ocean", "prime numbers", "a red bicycle", "coffee", "volcanoes", "the moon", "Python lists",
           "photosynthesis", "chess openings", "rainbows", "jazz", "bridges", "honey bees", "glaciers",
@@ -24,13 +22,16 @@ def first_diff(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--prompts", type=int, default=24)
-    ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--conversations", type=int, default=8, help="3-turn chats for the multi-turn part (0: skip)")
-    ap.add_argument("--q4-decode", default="auto", choices=["auto", "on", "off"])
-    ns = ap.parse_args()
+def add_bf16_drift_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompts", type=int, default=24)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--conversations", type=int, default=8, help="3-turn chats for the multi-turn part (0: skip)")
+    parser.add_argument("--q4-decode", default="auto", choices=["auto", "on", "off"])
+
+
+def run_bf16_drift(ns: argparse.Namespace) -> int:
+    from kvstrata import LLM, SamplingParams  # here, not at the top: `kvstrata --help` imports this module
+
     if ns.conversations:
         multiturn(ns.conversations, ns.tokens, ns.q4_decode)
     greedy = SamplingParams(max_tokens=ns.tokens, temperature=0.0)
@@ -57,9 +58,12 @@ def main() -> None:
           f"first divergence at tokens {sorted(d for d in d32 if d is not None)}")
     print(f"bf16 cache on identical to bf16 cache off: {dcache.count(None)}/{n} ({hits} served a cached prefix); "
           f"first divergence at tokens {sorted(d for d in dcache if d is not None)}")
+    return 0
 
 
 def multiturn(conversations: int, tokens: int, q4_decode: str) -> None:
+    from kvstrata import LLM, SamplingParams
+
     greedy = SamplingParams(max_tokens=tokens, temperature=0.0)
     topics = random.Random(1).sample(TOPICS, min(conversations, len(TOPICS)))
     runs: list[list[list[int]]] = []
@@ -78,7 +82,3 @@ def multiturn(conversations: int, tokens: int, q4_decode: str) -> None:
     d = [first_diff(a, b) for a, b in zip(*runs)]
     print(f"multi-turn bf16 q4_decode={q4_decode}: cache on identical to cache off: {d.count(None)}/{len(d)} replies "
           f"({len(topics)} chats x 3 turns); first divergence at tokens {sorted(x for x in d if x is not None)}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,8 +1,9 @@
-"""`kvstrata bench <workload>`: the load-client subcommands, registered from one table.
+"""`kvstrata bench <command>`: every benchmark, registered from one table.
 
-The main CLI calls `add_bench_parser(subparsers)`, which sets `func=run_bench` on `bench`. To add a
-workload (throughput, repeat, compare, ...) give it a flag adder and a `run(args) -> int` in its
-own module and add one `BenchCommand` row to `BENCH_COMMANDS`. The run function is named as
+Every benchmark lives in kvstrata/bench/ as a subcommand; the repo's bench/ folder holds only results
+and the peers' launch scripts. The main CLI calls `add_bench_parser(subparsers)`, which sets
+`func=run_bench` on `bench`. To add one (a workload, a probe, ...) give it a flag adder and a
+`run(args) -> int` in its own module and add one `BenchCommand` row to `BENCH_COMMANDS`. The run function is named as
 "module:function" and imported only when its command runs, so `kvstrata --help` stays fast.
 """
 from __future__ import annotations
@@ -12,11 +13,15 @@ import importlib
 from typing import Callable, NamedTuple
 
 from kvstrata.bench.args import add_agentic_workload_args, add_client_arguments
+from kvstrata.bench.bf16_drift import add_bf16_drift_args
 from kvstrata.bench.compare import add_compare_args
+from kvstrata.bench.locust_compare import add_locust_args
 from kvstrata.bench.multiround import add_multiround_args
+from kvstrata.bench.radix_bookkeeping import add_radix_bookkeeping_args
 from kvstrata.bench.repeat import add_repeat_args
 from kvstrata.bench.soak import add_soak_args
 from kvstrata.bench.throughput import add_throughput_args
+from kvstrata.bench.tiers_ttft import add_tiers_ttft_args
 
 
 class BenchCommand(NamedTuple):
@@ -47,14 +52,23 @@ BENCH_COMMANDS: tuple[BenchCommand, ...] = (
     BenchCommand("compare", "start each engine in turn (kvstrata, vllm, llamacpp), same workload and client, "
                  "then a throughput probe; JSON, Markdown table and PNG plots",
                  add_compare_args, "kvstrata.bench.compare:run_compare"),
+    BenchCommand("tiers-ttft", "TTFT of a 2k-token prompt whose prefix comes from each tier (computed, L1, L2, "
+                 "L3 file after a restart, L3 redis); starts its own servers", add_tiers_ttft_args,
+                 "kvstrata.bench.tiers_ttft:run_tiers_ttft"),
+    BenchCommand("locust", "EnergonAI's Locust test, response cache off then on (needs `pip install locust`; "
+                 "`make bench-locust`)", add_locust_args, "kvstrata.bench.locust_compare:run_locust"),
+    BenchCommand("bf16-drift", "offline: how often bf16 greedy output differs from float32, and cache on from off",
+                 add_bf16_drift_args, "kvstrata.bench.bf16_drift:run_bf16_drift"),
+    BenchCommand("radix-bookkeeping", "in-process: prefix-cache match/lock/hash/evict/insert time per request",
+                 add_radix_bookkeeping_args, "kvstrata.bench.radix_bookkeeping:run_radix_bookkeeping"),
 )
 
 
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register `bench` and its workload subcommands on the main CLI's subparsers."""
-    bench = subparsers.add_parser("bench", help="load-test any OpenAI-compatible server")
+    bench = subparsers.add_parser("bench", help="benchmarks: load any OpenAI-compatible server, or time the engine")
     bench.set_defaults(func=run_bench)
-    workloads = bench.add_subparsers(dest="bench_command", metavar="WORKLOAD", required=True)
+    workloads = bench.add_subparsers(dest="bench_command", metavar="COMMAND", required=True)
     for command in BENCH_COMMANDS:
         command.add_arguments(workloads.add_parser(command.name, help=command.help, description=command.help))
 

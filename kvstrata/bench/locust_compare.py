@@ -1,4 +1,5 @@
-"""`make bench-locust`: EnergonAI's Locust test (locust/locustfile.py) with the response cache off, then on.
+"""`kvstrata bench locust` (`make bench-locust` installs locust first): EnergonAI's Locust test
+(locust/locustfile.py, package data) with the response cache off, then on.
 
 For each run it starts `kvstrata serve` on --port (its own process, stopped after the run), waits
 for GET /health, runs Locust headless for --run-time with --users users, and reads Locust's
@@ -49,8 +50,8 @@ def run_once(name: str, cache_size: int, args: argparse.Namespace, out: Path) ->
         try:
             wait_healthy(url, server)
             locust = [str(BIN / "locust"), "-f", str(HERE / "locust" / "locustfile.py"), "--headless",
-                      "-u", str(args.users), "-r", str(args.users), "-t", args.run_time, "--host", url, "--csv", str(out / name),
-                      "--only-summary"]
+                      "-u", str(args.users), "-r", str(args.users), "-t", args.run_time, "--host", url,
+                      "--csv", str(out / name), "--only-summary"]
             with (out / f"{name}-locust.log").open("wb") as llog:
                 subprocess.run(locust, stdout=llog, stderr=subprocess.STDOUT, check=False)
             stats = httpx.get(f"{url}/response_cache", timeout=5).json()
@@ -62,8 +63,7 @@ def run_once(name: str, cache_size: int, args: argparse.Namespace, out: Path) ->
     return row
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+def add_locust_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8011)
     parser.add_argument("--users", type=int, default=4, help="concurrent Locust users (default: %(default)s)")
     parser.add_argument("--run-time", default="60s", help="Locust run time per run (default: %(default)s)")
@@ -71,7 +71,9 @@ def main() -> int:
     parser.add_argument("--serve-args", default="", help="extra `kvstrata serve` flags for both runs")
     parser.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "kvstrata-locust"),
                         help="folder for Locust's CSVs and the logs (default: %(default)s)")
-    args = parser.parse_args()
+
+
+def run_locust(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = {name: run_once(name, size, args, out) for name, size in (("off", 0), ("on", args.cache_size))}
@@ -80,7 +82,3 @@ def main() -> int:
         print(f"{name:<6} {row['Request Count']:>9} {row['Failure Count']:>9} {row['50%']:>8} {row['99%']:>8} "
               f"{float(row['Average Response Time']):>9.1f}  {row['cache']}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,9 @@
-"""Micro-benchmark of the L1 prefix-cache bookkeeping per request (no model, no KV copies).
+"""`kvstrata bench radix-bookkeeping`: the L1 prefix-cache bookkeeping per request (no model, no KV copies).
 
-    python bench/radix_bookkeeping.py [--requests 2000] [--cached-pages 10000] [--prompt-tokens 4096]
+    kvstrata bench radix-bookkeeping [--requests 2000] [--cached-pages 10000] [--prompt-tokens 4096]
+
+The one bench command that times a kv/ data structure in-process rather than a server or the
+offline `LLM` API (the layer order lets bench import kv; it still touches no engine internals).
 
 A request is timed through what the scheduler does around the model:
     admit:  match -> lock -> hash the unmatched suffix (L2/L3 keys) -> evict if short -> alloc
@@ -16,12 +19,6 @@ import random
 import statistics
 import time
 from collections import defaultdict
-
-import torch
-
-from kvstrata.kv.hashing import hash_pages, namespace_root
-from kvstrata.kv.pool import PagePool
-from kvstrata.kv.radix import RadixPrefixCache
 
 VOCAB = 50_000
 SYSTEM_TOKENS = 1024
@@ -42,6 +39,12 @@ def make_prompt(rng: random.Random, cached: list[list[int]], systems: list[list[
 def run(
     requests: int, cached_pages: int, page_size: int, prompt_tokens: int, seed: int, cpu_clock: bool = True
 ) -> dict[str, list[float]]:
+    import torch  # here, not at the top: `kvstrata --help` imports this module
+
+    from kvstrata.kv.hashing import hash_pages, namespace_root
+    from kvstrata.kv.pool import PagePool
+    from kvstrata.kv.radix import RadixPrefixCache
+
     rng = random.Random(seed)
     pages_per_prompt = -(-prompt_tokens // page_size)
     pool = PagePool(cached_pages + pages_per_prompt, page_size, 1, 1, 1, torch.float16)
@@ -94,15 +97,17 @@ def p99(xs: list[float]) -> float:
     return sorted(xs)[min(len(xs) - 1, int(0.99 * len(xs)))]
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_radix_bookkeeping_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--cached-pages", type=int, default=10_000)
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--wall", action="store_true", help="time with the wall clock, not thread CPU time")
-    args = parser.parse_args(argv)
+
+
+def run_radix_bookkeeping(args: argparse.Namespace) -> int:
+    from kvstrata.kv.hashing import hash_pages, namespace_root
 
     clock = time.perf_counter_ns if args.wall else time.thread_time_ns
     prompt = list(range(args.prompt_tokens))
@@ -121,7 +126,4 @@ def main(argv: list[str] | None = None) -> None:
           f"{'wall' if args.wall else 'thread CPU'} time")
     for name, xs in times.items():
         print(f"  {name:12s} mean {statistics.mean(xs):7.1f} us   p99 {p99(xs):7.1f} us")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

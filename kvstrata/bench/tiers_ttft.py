@@ -1,7 +1,8 @@
-"""TTFT of a long prompt prefix by where its KV comes from: computed, L1, L2, L3 `file` after a
-restart, L3 Redis. Starts its own `kvstrata serve` processes (and a redis-server) on free ports.
+"""`kvstrata bench tiers-ttft`: TTFT of a long prompt prefix by where its KV comes from: computed, L1,
+L2, L3 `file` after a restart, L3 Redis. Starts its own `kvstrata serve` processes (and a redis-server)
+on free ports.
 
-    .venv/bin/python bench/tiers_ttft.py --prompt-tokens 2048 --reps 3 --output bench/results/tiers-ttft.json
+    kvstrata bench tiers-ttft --prompt-tokens 2048 --reps 3 --output bench/results/tiers-ttft.json
 
 Per rep, a fresh random token-id prompt P (POST /v1/completions, streamed, max_tokens 4, greedy):
   computed  P cold                                  L1  P again
@@ -78,13 +79,14 @@ def ttft(url: str, ids: list[int]) -> tuple[float, int]:
     return first, cached
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompt-tokens", type=int, default=2048)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--output", default=None)
-    args = ap.parse_args()
+def add_tiers_ttft_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompt-tokens", type=int, default=2048)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", default=None)
+
+
+def run_tiers_ttft(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     n = args.prompt_tokens
     prompts = [[rng.randrange(1000, 40000) for _ in range(n)] for _ in range(args.reps * 3)]
@@ -141,7 +143,3 @@ def main() -> int:
         Path(args.output).write_text(json.dumps({"prompt_tokens": n, "reps": args.reps, "results": summary}, indent=2))
     shutil.rmtree(work, ignore_errors=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

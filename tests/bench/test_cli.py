@@ -1,0 +1,33 @@
+"""The `kvstrata bench` table: every command parses and names a run function that exists."""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+import pytest
+
+from kvstrata.bench import locust_compare
+from kvstrata.bench.cli import BENCH_COMMANDS, BenchCommand, add_bench_parser
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvstrata")
+    add_bench_parser(p.add_subparsers(dest="command"))
+    return p
+
+
+@pytest.mark.parametrize("command", BENCH_COMMANDS, ids=lambda c: c.name)
+def test_every_command_parses_and_resolves(command: BenchCommand) -> None:
+    module, function = command.run.split(":")
+    assert callable(getattr(importlib.import_module(module), function))
+    assert parser().parse_args(["bench", command.name]).bench_command == command.name
+
+
+def test_the_scripts_that_lived_in_bench_are_commands() -> None:
+    names = {c.name for c in BENCH_COMMANDS}
+    assert {"tiers-ttft", "locust", "bf16-drift", "radix-bookkeeping"} <= names
+
+
+def test_the_locustfile_ships_with_the_package() -> None:
+    locustfile = locust_compare.HERE / "locust" / "locustfile.py"
+    assert locustfile.is_file() and "class GenerationUser(HttpUser)" in locustfile.read_text()
