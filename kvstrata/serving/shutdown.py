@@ -17,15 +17,13 @@ import signal
 import threading
 import time
 from types import FrameType
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from kvstrata.config import ServerConfig
 from kvstrata.serving.errors import error_response
-
-if TYPE_CHECKING:
-    from kvstrata.serving.state import ServerState
 
 logger = logging.getLogger(__name__)
 ALWAYS_OPEN = "/health"
@@ -87,6 +85,18 @@ class LifecycleMiddleware:
             self.lifecycle.leave()
 
 
+class WatchedState(Protocol):
+    """What the drain and the watchdog read of the server: serving/state.py's `ServerState` is one (it
+    holds a `Lifecycle`, so this module names a protocol instead of importing it)."""
+
+    lifecycle: Lifecycle
+    server_cfg: ServerConfig
+    load_error: str | None
+
+    @property
+    def status(self) -> str: ...
+
+
 def drain_then_stop(lifecycle: Lifecycle, stop: Callable[[], None], timeout_s: float) -> threading.Thread:
     """Start draining now; in a thread, wait for in-flight requests (bounded), then `stop()`."""
     lifecycle.begin_drain()
@@ -109,7 +119,7 @@ def drain_then_stop(lifecycle: Lifecycle, stop: Callable[[], None], timeout_s: f
 class DrainingServer(uvicorn.Server):
     """uvicorn whose first SIGTERM/SIGINT drains instead of cutting requests; a second one forces."""
 
-    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+    def __init__(self, config: uvicorn.Config, state: WatchedState) -> None:
         super().__init__(config)
         self.state = state
 
@@ -126,7 +136,7 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def watch_engine(state: ServerState, stop: Callable[[], None], interval_s: float = 0.5) -> threading.Thread:
+def watch_engine(state: WatchedState, stop: Callable[[], None], interval_s: float = 0.5) -> threading.Thread:
     """Call `stop()` once the engine is dead (load failure or thread death); the caller exits 1."""
 
     def run() -> None:
