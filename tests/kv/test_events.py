@@ -1,6 +1,7 @@
 """KV events: a real ZMQ subscriber decodes what the publisher sends and rebuilds the cache's pages."""
 from __future__ import annotations
 
+import hashlib
 import random
 import time
 from pathlib import Path
@@ -66,17 +67,46 @@ def put(pool: PagePool, cache: RadixPrefixCache, tokens: list[int], key: str | N
     cache.unlock(m.node)
 
 
-class Subscriber:
-    """What an outside router does: SUB to the endpoint, apply every batch to a set of block hashes."""
+def probe(publisher: KVEventPublisher, n: int) -> int:
+    """Publish BlockRemoved of a hash no cache holds (a no-op for any subscriber's set); its id."""
+    page_hash = hashlib.sha256(b"subscriber probe %d" % n).digest()
+    publisher.on_evict([page_hash], [])
+    return hash_to_int64(page_hash)
 
-    def __init__(self, endpoint: str, topic: bytes = b"") -> None:
+
+class Subscriber:
+    """What an outside router does: SUB to the endpoint, apply every batch to a set of block hashes.
+
+    A PUB drops what it sends before a new subscription reaches it (ZMQ's slow joiner), so the
+    constructor publishes probes until one arrives, then one more as a fence, and receives up to the
+    fence: every batch after it reaches `frames`, from sequence number `first_seq` on.
+    """
+
+    def __init__(self, publisher: KVEventPublisher, topic: bytes = b"", timeout: float = 30.0) -> None:
         self.sock = zmq.Context.instance().socket(zmq.SUB)
         self.sock.setsockopt(zmq.SUBSCRIBE, topic)
-        self.sock.connect(endpoint)
+        self.sock.connect(publisher.endpoint)
         self.blocks: set[int] = set()
         self.seqs: list[int] = []
         self.frames: list[list[bytes]] = []
-        time.sleep(0.3)  # ZMQ's slow joiner: the subscription must reach the publisher first
+        self.first_seq = self._wait_live(publisher, timeout)
+
+    def _wait_live(self, publisher: KVEventPublisher, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        sent, fence = 0, None
+        while time.monotonic() < deadline:
+            if fence is None:  # not live yet: probe again
+                probe(publisher, sent)
+                sent += 1
+            if not self.sock.poll(100):
+                continue
+            _, seq, payload = self.sock.recv_multipart()
+            removed = {h for e in decode_batch(payload).events if isinstance(e, BlockRemoved) for h in e.block_hashes}
+            if fence is None:  # live: everything published from now on arrives, in order
+                fence = probe(publisher, sent)
+            elif fence in removed:
+                return seq_from_bytes(seq) + 1
+        raise AssertionError(f"no probe reached the subscriber in {timeout}s")
 
     def apply(self, payload: bytes) -> None:
         apply(self.blocks, payload)
@@ -105,13 +135,13 @@ def publisher() -> Iterator[KVEventPublisher]:
 def test_wire_format_three_frames_and_positional_events(publisher: KVEventPublisher) -> None:
     pool, cache = make_cache()
     publisher.attach(cache)
-    sub = Subscriber(publisher.endpoint)
+    sub = Subscriber(publisher)
     tokens = list(range(100, 111))  # two full pages and a partial one
     cache.insert(tokens, pool.alloc(2))
     hashes = [hash_to_int64(h) for h in hash_pages(tokens, PS, cache.root)]
     sub.drain(set(hashes))
     topic, seq, payload = sub.frames[0]
-    assert topic == b"" and seq == (0).to_bytes(8, "big")
+    assert topic == b"" and seq == sub.first_seq.to_bytes(8, "big")
     ts, events, rank = msgpack.unpackb(payload)
     assert isinstance(ts, float) and abs(ts - time.time()) < 60 and rank == 3
     assert events == [["BlockStored", hashes, None, tokens[:8], PS, None, "GPU"]]
@@ -122,14 +152,14 @@ def test_wire_format_three_frames_and_positional_events(publisher: KVEventPublis
     assert msgpack.unpackb(sub.frames[1][2])[1] == [
         ["BlockStored", [hash_to_int64(child)], hashes[1], [7, 7, 7, 7], PS, None, "GPU"]
     ]
-    assert sub.seqs == [0, 1]
+    assert sub.seqs == [sub.first_seq, sub.first_seq + 1]
     sub.close()
 
 
 def test_subscriber_rebuilds_the_page_set_exactly_and_replay_agrees(publisher: KVEventPublisher) -> None:
     pool, cache = make_cache()
     publisher.attach(cache)
-    sub = Subscriber(publisher.endpoint)
+    sub = Subscriber(publisher)
     rng = random.Random(7)
     prefixes = [[rng.randrange(50) for _ in range(8)] for _ in range(3)]
     for step in range(60):
@@ -140,7 +170,7 @@ def test_subscriber_rebuilds_the_page_set_exactly_and_replay_agrees(publisher: K
         sub.drain(cached_ids(cache))
         assert sub.blocks == cached_ids(cache), step
     cache.check_integrity()
-    assert sub.seqs == list(range(len(sub.seqs)))
+    assert sub.seqs == list(range(sub.first_seq, sub.first_seq + len(sub.seqs)))
     # a late subscriber asks the replay socket for everything from sequence 0 and agrees
     dealer = zmq.Context.instance().socket(zmq.DEALER)
     dealer.connect(publisher.replay_endpoint)
@@ -154,7 +184,7 @@ def test_subscriber_rebuilds_the_page_set_exactly_and_replay_agrees(publisher: K
             break
         replayed.append(seq_from_bytes(seq))
         apply(late, payload)
-    assert replayed == sub.seqs and late == cached_ids(cache)
+    assert replayed == list(range(sub.first_seq)) + sub.seqs and late == cached_ids(cache)  # probes included
     dealer.close(linger=0)
     # a flush while a running request locks 2 pages: exact BlockRemoved events, no AllBlocksCleared
     put(pool, cache, prefixes[0])
@@ -176,7 +206,7 @@ def test_engine_publishes_what_its_cache_holds(tiny_model_dir: Path) -> None:
     llm = LLM(str(tiny_model_dir), dtype="float32", max_total_tokens=1024, kv_events_config=events, data_parallel_rank=1)
     pub = llm.engine.kv_events
     assert pub is not None and pub.rank == 1
-    sub = Subscriber(pub.endpoint)
+    sub = Subscriber(pub)
     rng = random.Random(3)
     shared = [rng.randrange(3, 49000) for _ in range(40)]
     prompts: list[Any] = [shared + [rng.randrange(3, 49000) for _ in range(n)] for n in (10, 30, 70)]
