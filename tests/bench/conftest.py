@@ -7,7 +7,6 @@ from typing import Any, Iterator
 import pytest
 
 from _fake_openai_peer import FakePeer, serve_fake_peer
-from kvstrata.bench.args import default_tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -17,11 +16,9 @@ def fake_peer() -> Iterator[FakePeer]:
 
 
 @pytest.fixture(scope="session")
-def tokenizer_path() -> str:
-    path = default_tokenizer()
-    if not Path(path).is_file():
-        pytest.fail(f"the SmolLM2 GGUF is missing at {path}: run `kvstrata fetch-model smollm2`")
-    return path
+def tokenizer_path(smollm2_path: Path) -> str:
+    """The SmolLM2 GGUF, fetched on first use (tests/conftest.py), as `--tokenizer` takes it."""
+    return str(smollm2_path)
 
 
 @pytest.fixture(scope="session")
