@@ -8,8 +8,11 @@ chosen by the request's `model`:
 - "no-cache-field": the same but its usage has no `prompt_tokens_details` (like some peers);
 - "fail": HTTP 500 with an OpenAI-style error body.
 `/v1/completions` (the repeat workload's) answers one JSON body, after TTFT_DELAY_S; with
-`response_cache` on it answers a body it saw before at once, with `x-kvstrata-cache: hit`.
+`response_cache` on it answers a body it saw before at once, with `x-kvstrata-cache: hit`, and
+`on_completion(body, header)` hears what it answered.
 Every request body is kept in `FakePeer.requests`; `max_in_flight` is the most streams open at once.
+With `gather` = N, a chat stream of more than one token holds its tokens until N streams are open
+(or `gather_timeout_s` passed: a lone stream), so a client's concurrent streams surely meet.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import uvicorn
 from starlette.applications import Starlette
@@ -46,10 +49,14 @@ class FakePeer:
     in_flight: int = 0
     max_in_flight: int = 0
     response_cache: bool = False
+    on_completion: Callable[[dict[str, Any], str], None] | None = None  # (body, x-kvstrata-cache sent)
+    gather: int = 1
+    gather_timeout_s: float = 1.0
 
     def reset(self) -> None:
         self.requests.clear()
         self.in_flight = self.max_in_flight = 0
+        self.gather = 1
 
 
 def _chunk(payload: dict[str, Any]) -> str:
@@ -72,6 +79,10 @@ def _app(peer: FakePeer) -> Starlette:
             peer.in_flight += 1
             peer.max_in_flight = max(peer.max_in_flight, peer.in_flight)
             try:
+                if peer.gather > 1 and body.get("max_tokens", 1) > 1:
+                    deadline = time.monotonic() + peer.gather_timeout_s
+                    while peer.in_flight < peer.gather and time.monotonic() < deadline:  # poll: the others arrive
+                        await asyncio.sleep(0.002)
                 async for piece in chunks():
                     yield piece
             finally:
@@ -103,6 +114,8 @@ def _app(peer: FakePeer) -> Starlette:
         if not hit:
             await asyncio.sleep(TTFT_DELAY_S)
         headers = {"x-kvstrata-cache": "hit" if hit else "miss"} if peer.response_cache else {}
+        if peer.on_completion is not None:
+            peer.on_completion(body, headers.get("x-kvstrata-cache", ""))
         usage = {"prompt_tokens": 12, "completion_tokens": body["max_tokens"], "total_tokens": 12 + body["max_tokens"]}
         choice = {"index": 0, "text": " The Nile.", "finish_reason": "length"}
         return JSONResponse({"id": "cmpl-1", "object": "text_completion", "choices": [choice], "usage": usage},

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,6 @@ def _free_port() -> int:
 def test_compare_runs_each_engine_and_writes_results(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokenizer_path: str
 ) -> None:
-    pytest.importorskip("matplotlib", reason="pip install -e '.[bench]' for the compare plots")
     monkeypatch.setenv("PYTHONPATH", str(Path(FAKE).parent))
     monkeypatch.setattr(engines, "ENGINES", {
         "fake": EngineSpec("fake", lambda port, gguf: [sys.executable, FAKE, str(port)], "", "", 30.0),
@@ -58,6 +58,12 @@ def _fake_engines(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = {name: EngineSpec(name, lambda port, gguf: [sys.executable, FAKE, str(port)], "", "", 30.0)
             for name in ("kvstrata", "peer")}
     monkeypatch.setattr("kvstrata.bench.compare.ENGINES", fake)
+
+
+def _fake_log(tmp_path: Path, engine: str) -> list[dict[str, Any]]:
+    """What the fake engine process printed (`FAKE {json}` lines in the log `compare` kept for it)."""
+    [log] = tmp_path.glob(f"logs/*-{engine}.log")
+    return [json.loads(line[5:]) for line in log.read_text().splitlines() if line.startswith("FAKE ")]
 
 
 def _compare(tmp_path: Path, workload: str, *argv: str) -> tuple[int, dict[str, Any], str]:
@@ -131,12 +137,21 @@ def test_compare_repeat_turns_the_response_cache_on_for_kvstrata_only(
                                   "--tokenizer", "/does/not/matter.gguf")
     assert rc == 0
     ours, peer = summary["engines"]["kvstrata"], summary["engines"]["peer"]
+    ours_log, peer_log = _fake_log(tmp_path, "kvstrata"), _fake_log(tmp_path, "peer")
+    # compare started kvstrata, and only kvstrata, with its response cache on, and says so
+    assert ours_log[0] == {"flags": ["--response-cache-size", "1024"]} and peer_log[0] == {"flags": []}
     assert ours["meta"]["serve_args"] == ["--response-cache-size", "1024"] and peer["meta"]["serve_args"] == []
-    assert ours["cache_header"] == {"hit": 11, "miss": 1} and peer["cache_header"] == {"": 12}
-    assert ours["all"]["requests"] == 12 and ours["hot"]["p50_ms"] < peer["hot"]["p50_ms"]
+    # it sent each engine the same 12 requests, one hot prompt repeated ...
+    for log in (ours_log, peer_log):
+        assert [r["body"] for r in log[1:]] == [ours_log[1]["body"]] * 12
+    # ... and reports exactly the x-kvstrata-cache headers each one answered, in the JSON and the table
+    assert ours["cache_header"] == Counter(r["cache"] for r in ours_log[1:]) and "hit" in ours["cache_header"]
+    assert peer["cache_header"] == Counter(r["cache"] for r in peer_log[1:]) == {"": 12}
+    assert ours["all"]["requests"] == peer["all"]["requests"] == 12
     assert "throughput" not in ours and "cold prefill tokens/s" not in table
     rows = {line.split("|")[1].strip(): line for line in table.splitlines()[4:]}
-    assert rows["kvstrata"].split("|")[6].strip() == "11" and rows["peer"].split("|")[6].strip() == "0"
+    assert rows["kvstrata"].split("|")[6].strip() == str(ours["cache_header"]["hit"])
+    assert rows["peer"].split("|")[6].strip() == "0"
 
 
 def test_compare_throughput_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

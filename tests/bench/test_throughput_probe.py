@@ -38,6 +38,7 @@ def test_failed_or_short_streams_give_no_figure() -> None:
 
 def test_probe_against_a_peer(fake_peer: FakePeer) -> None:
     fake_peer.reset()
+    fake_peer.gather = 3  # the batch-3 streams' tokens wait until all three are open: they overlap surely
     result = probe_throughput(fake_peer.url, "ok", ProbeConfig(prefill_tokens=300, decode_tokens=16, decode_batch=3,
                                                                 repeats=2))
     bodies = fake_peer.requests
@@ -51,6 +52,7 @@ def test_probe_against_a_peer(fake_peer: FakePeer) -> None:
     for p in result["prefill"]:
         assert p["tokens_per_s"] == pytest.approx((100 - CACHED_TOKENS) / p["prefill_s"])  # the peer's usage
     assert set(result["decode_tokens_per_s"]) == {"1", "3"}
+    assert fake_peer.max_in_flight == 3  # the probe opened the batch-3 streams at once
     assert result["decode"]["3"]["overlapped"] and result["decode"]["3"]["completion_tokens"] == 3 * CHUNKS
     assert all(v is not None and v > 0 for v in result["decode_tokens_per_s"].values())
 
