@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Callable
 
 import pytest
 
@@ -14,7 +15,9 @@ from kvstrata.kv.tier_stats import TierStats
 
 
 class GateStore:
-    """An in-memory KVStore whose calls hang while `hanging` is set, until `release`; or raise."""
+    """An in-memory KVStore whose calls hang while `hanging` is set, until `release`; or raise.
+
+    `calls` counts the calls that reached it, `hung` those blocked in it right now."""
 
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
@@ -22,12 +25,21 @@ class GateStore:
         self.fail = False
         self.release = threading.Event()
         self.closed = False
+        self.calls = 0
+        self.hung = 0
+        self._lock = threading.Lock()
 
     def _gate(self) -> None:
+        with self._lock:
+            self.calls += 1
         if self.fail:
             raise ConnectionError("store is down")
         if self.hanging:
+            with self._lock:
+                self.hung += 1
             self.release.wait()
+            with self._lock:
+                self.hung -= 1
 
     def batch_exists(self, keys: list[str]) -> int:
         self._gate()
@@ -49,6 +61,16 @@ class GateStore:
         self.closed = True
 
 
+def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    """Poll `cond` until it holds (True) or `timeout_s` passed (False)."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 def guarded(store: GateStore, **kw: float) -> GuardedStore:
     return GuardedStore(store, "gate", TierStats(), **kw)  # type: ignore[arg-type]
 
@@ -58,13 +80,12 @@ def test_a_hung_call_is_abandoned_counted_and_backed_off() -> None:
     g = guarded(store, call_timeout_s=0.2, backoff_s=0.3)
     assert g.batch_put(["a", "b"], [b"1", b"2"]) and g.batch_exists(["a", "b", "c"]) == 2
     store.hanging = True
-    t0 = time.monotonic()
-    assert g.batch_get(["a"]) == [None]  # the miss, not the value and not a hang
-    assert 0.2 <= time.monotonic() - t0 < 1.0
+    assert g.batch_get(["a"]) == [None]  # the miss, not the value and not a hang ...
+    assert wait_for(lambda: store.hung == 1)  # ... while the call it gave up on still hangs in the store
     assert g.stats.snapshot().errors == {("gate", "timeout"): 1} and g.failures == 1
     assert not g.available and g.caller.num_stuck == 1
-    t0 = time.monotonic()
-    assert g.batch_exists(["a"]) == 0 and time.monotonic() - t0 < 0.05  # backing off: no new call
+    calls = store.calls
+    assert g.batch_exists(["a"]) == 0 and store.calls == calls  # backing off: the call never reached the store
     store.release.set()  # the backend answers at last: the abandoned call ends quietly
     assert g.wait_available(2.0) and g.caller.num_stuck == 0
     store.hanging = False
@@ -79,9 +100,8 @@ def test_at_most_max_stuck_calls_hang_then_the_store_is_unavailable() -> None:
     for _ in range(3):
         assert g.batch_exists(["a"]) == 0
     assert g.caller.num_stuck == 3 and g.caller.saturated and not g.available
-    threads = threading.active_count()
-    t0 = time.monotonic()
-    assert g.batch_get(["a"]) == [None] and time.monotonic() - t0 < 0.05  # refused at once
+    threads, calls = threading.active_count(), store.calls
+    assert g.batch_get(["a"]) == [None] and store.calls == calls  # refused without reaching the store
     assert threading.active_count() == threads  # no new thread for a store that never answers
     assert not g.wait_available(0.1)
     store.release.set()
@@ -97,10 +117,9 @@ def test_errors_keep_their_kind_and_close_is_bounded_even_while_backing_off() ->
     store.fail = False
     g.close()  # closes the backend although it backs off
     assert store.closed
-    store.hanging = True
-    t0 = time.monotonic()
-    g.close()  # a backend whose close hangs does not hold the caller
-    assert time.monotonic() - t0 < 1.0
+    store.closed, store.hanging = False, True
+    g.close()  # a backend whose close hangs does not hold the caller: close returns ...
+    assert wait_for(lambda: store.hung == 1) and not store.closed  # ... while the backend's close still hangs
     assert g.stats.snapshot().errors[("gate", "timeout")] == 1
     store.release.set()
 
