@@ -8,7 +8,6 @@ import json
 import logging
 import random
 import threading
-import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -156,18 +155,28 @@ def test_redis_stopped_mid_load_fails_no_request(
 
 
 class SlowFileStore(FileStore):
-    """A file store whose reads take `delay_s` (until closed)."""
+    """A file store whose reads take `delay_s` (until closed); `returned` counts the reads that came back,
+    `returned_at_close` what it was when `close` was called. `opened` lists every instance."""
+
+    opened: list[SlowFileStore] = []
 
     def __init__(self, path: str, delay_s: float) -> None:
         super().__init__(path)
         self.delay_s = delay_s
         self._closed = threading.Event()
+        self.returned = 0
+        self.returned_at_close: int | None = None
+        SlowFileStore.opened.append(self)
 
     def batch_get(self, keys: list[str]) -> list[bytes | None]:
         self._closed.wait(self.delay_s)
-        return super().batch_get(keys)
+        try:
+            return super().batch_get(keys)
+        finally:
+            self.returned += 1
 
     def close(self) -> None:
+        self.returned_at_close = self.returned
         self._closed.set()
 
 
@@ -186,25 +195,25 @@ def test_slow_store_prefetch_deadline_holds_and_others_keep_running(tiny_model_d
     eng.add_request("y", tokens(20, 6), SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True))
     eng.step()
     eng.add_request("a", a, GREEDY)
-    y_tokens_while_a_waits = 0
+    assert eng.tiers is not None and eng.tiers.prefetcher is not None
+    y_tokens_while_a_prefetches = 0
     acc: dict[str, list[int]] = {}
     done: dict[str, Result] = {}
     while eng.has_unfinished():
         for o in eng.step():
             acc.setdefault(o.request_id, []).extend(o.new_token_ids)
-            if o.request_id == "y" and "a" not in acc:
-                y_tokens_while_a_waits += len(o.new_token_ids)
+            if o.request_id == "y" and "a" not in acc and eng.tiers.prefetcher.num_pending:
+                y_tokens_while_a_prefetches += len(o.new_token_ids)  # a step came back with a's read in flight
             if o.finished:
                 done[o.request_id] = Result(acc[o.request_id], o.stats, o.finish_reason)
     got = done["a"]
-    waited = got.stats.scheduled - got.stats.arrival
-    assert base <= waited < base + 6 * per_page + 0.3, waited
-    assert y_tokens_while_a_waits >= 5  # the running request kept decoding meanwhile
+    store = SlowFileStore.opened[-1]
+    assert store.returned == 0  # "a" ran to its end while no read from the store had come back ...
+    assert eng.tiers.stats.snapshot().prefetch == {"started": 1, "timeouts": 1}  # ... let in by the deadline
+    assert y_tokens_while_a_prefetches >= 1  # the running request kept decoding meanwhile: no step waited for it
     assert got.tiers["store"] == 0 and got.tokens == cold.tokens
-    assert eng.tiers.stats.snapshot().prefetch == {"started": 1, "timeouts": 1}
-    t0 = time.monotonic()
     eng.close()
-    assert time.monotonic() - t0 < 2.0  # closing does not wait for the stuck read
+    assert store.returned_at_close == 0  # closing did not wait for the stuck read
 
 
 class SwitchFileStore(FileStore):
@@ -213,14 +222,17 @@ class SwitchFileStore(FileStore):
     def __init__(self, path: str) -> None:
         super().__init__(path)
         self.down = False
+        self.refused = 0  # calls that reached it while down
 
     def batch_exists(self, keys: list[str]) -> int:
         if self.down:
+            self.refused += 1
             raise ConnectionError("store is down")
         return super().batch_exists(keys)
 
     def batch_put(self, keys: list[str], values: list[bytes]) -> None:
         if self.down:
+            self.refused += 1
             raise ConnectionError("store is down")
         super().batch_put(keys, values)
 
@@ -250,12 +262,13 @@ def test_close_with_a_dead_store_skips_the_flush_within_the_timeout(tiny_model_d
     register_store("switch_file", SwitchFileStore)
     eng = make(tiny_model_dir, {"path": str(tmp_path / "kvstore")}, backend="switch_file")
     assert eng.tiers is not None and eng.tiers.writer is not None
-    eng.tiers.writer.store.store.down = True
+    dead = eng.tiers.writer.store.store
+    dead.down = True
     run(eng, {"a": tokens(A, 9)})
-    t0 = time.monotonic()
+    refused = dead.refused
     report = eng.tiers.close(1.0)
-    assert time.monotonic() - t0 < 2.0
     assert report is not None and report.l1_pages == 6 and report.flushed == 0 and report.skipped == 6
+    assert dead.refused - refused <= 1  # the flush did not write page after page into a dead store
 
 
 @pytest.mark.slow
