@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
 from collections import defaultdict
 
@@ -106,9 +107,24 @@ def add_radix_bookkeeping_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wall", action="store_true", help="time with the wall clock, not thread CPU time")
 
 
+def check_args(args: argparse.Namespace) -> str | None:
+    """Why the flags cannot run (None when they can): prompts share a SYSTEM_TOKENS-token system prompt."""
+    if args.prompt_tokens <= SYSTEM_TOKENS:
+        return f"--prompt-tokens must be > {SYSTEM_TOKENS}, the shared system prompt (got {args.prompt_tokens})"
+    for flag, value in (("--requests", args.requests), ("--cached-pages", args.cached_pages),
+                        ("--page-size", args.page_size)):
+        if value < 1:
+            return f"{flag} must be >= 1 (got {value})"
+    return None
+
+
 def run_radix_bookkeeping(args: argparse.Namespace) -> int:
     from kvstrata.kv.hashing import hash_pages, namespace_root
 
+    problem = check_args(args)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     clock = time.perf_counter_ns if args.wall else time.thread_time_ns
     prompt = list(range(args.prompt_tokens))
     root = namespace_root("bench/model", "float16", args.page_size, "nhd")
