@@ -3,8 +3,6 @@ and a backoff; hung calls are abandoned (a bounded number of them), and the stor
 from __future__ import annotations
 
 import threading
-import time
-from typing import Callable
 
 import pytest
 
@@ -12,6 +10,7 @@ from kvstrata.kv.store.base import StoreTimeoutError
 from kvstrata.kv.store.guard import GuardedStore
 from kvstrata.kv.store.timed_caller import TimedCaller
 from kvstrata.kv.tier_stats import TierStats
+from polling import wait_for
 
 
 class GateStore:
@@ -59,16 +58,6 @@ class GateStore:
     def close(self) -> None:
         self._gate()
         self.closed = True
-
-
-def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    """Poll `cond` until it holds (True) or `timeout_s` passed (False)."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def guarded(store: GateStore, **kw: float) -> GuardedStore:

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvstrata.config import CacheConfig, ModelConfig, RouterConfig, SchedulerConfig, ServerConfig
 from kvstrata.router.app import GatewayThread
 from kvstrata.router.launcher import RankSupervisor, free_port, rank_specs
+from polling import wait_for
 
 WORDS = "alpha beta gamma delta tool schema json call result weather city price search file read".split()
 
@@ -65,6 +66,15 @@ def cluster(tiny_model_dir: Path) -> Iterator[Cluster]:
         supervisor.stop()
 
 
+def scrape(http: httpx.Client) -> dict[tuple[str, str | None], float]:
+    """GET /metrics as {(sample name, rank label): value}."""
+    return {
+        (s.name, s.labels.get("rank")): s.value
+        for fam in text_string_to_metric_families(http.get("/metrics").text)
+        for s in fam.samples
+    }
+
+
 def system_prompt(seed: int, words: int = 160) -> str:
     rng = random.Random(seed)
     return " ".join(rng.choice(WORDS) for _ in range(words))
@@ -89,12 +99,12 @@ def test_sessions_stick_to_the_rank_that_holds_their_history(cluster: Cluster) -
     assert all(len(set(r)) == 1 for r in ranks), ranks  # every turn of a session on one rank
     assert {r[0] for r in ranks} == {0, 1}, ranks  # new sessions spread over both ranks
     assert all(c[0] == 0 and c[1] > 100 and c[2] > c[1] for c in cached), cached
-    time.sleep(0.3)  # the last events reach the gateway
-    metrics = {
-        (s.name, s.labels.get("rank")): s.value
-        for fam in text_string_to_metric_families(cluster.http.get("/metrics").text)
-        for s in fam.samples
-    }
+    def index_holds_what_the_ranks_cache() -> bool:  # once the last events reached the gateway
+        pages, ranks = scrape(cluster.http), cluster.health()["ranks"]
+        return all(ranks[r]["cached_blocks"] == pages.get(("kvstrata:prefix_cache_pages", str(r))) for r in (0, 1))
+
+    assert wait_for(index_holds_what_the_ranks_cache)
+    metrics = scrape(cluster.http)
     health = cluster.health()
     for r in (0, 1):  # the gateway's index holds exactly as many pages as the rank's cache
         assert health["ranks"][r]["kv_events"] == "on"
@@ -140,7 +150,8 @@ def test_killed_rank_loses_no_request_that_had_not_started_streaming(cluster: Cl
     result: dict[str, httpx.Response] = {}
     worker = threading.Thread(target=lambda: result.setdefault("r", cluster.chat(history, **long)))
     worker.start()  # a non-streaming request: the client sees no byte until it ends
-    time.sleep(0.8)
+    with httpx.Client(base_url=cluster.supervisor.urls[1], timeout=10) as rank1:
+        assert wait_for(lambda: scrape(rank1).get(("kvstrata:num_requests_running", None), 0) == 1)
     victim = cluster.supervisor.specs[1].process
     assert cluster.gw.gateway.pool.workers[1].requests == 1  # it is running on rank 1
     os.kill(victim.pid, signal.SIGKILL)
