@@ -92,21 +92,24 @@ def test_repeated_prompt_reports_cached_tokens_per_cache_salt(client: openai.Ope
     assert cached("tenant-b") == 0
 
 
-def test_message_forms_render_through_the_template(client: openai.OpenAI, engine: AsyncEngine, model_name: str) -> None:
+def test_message_forms_render_through_the_template(engine: AsyncEngine, model_name: str) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
     conversation: list[dict[str, Any]] = [
         {"role": "developer", "content": "be brief"},
         {"role": "user", "content": [{"type": "text", "text": "what is"}, {"type": "text", "text": "2+2?"}]},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}]},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "c1", "content": "4"},
     ]
-    out = client.chat.completions.create(model=model_name, messages=conversation, max_tokens=1)
-    expected = [
+    spy = _TemplateSpy(engine)
+    with serve(make_state(spy)) as srv:
+        out = openai_client(srv).chat.completions.create(model=model_name, messages=conversation, max_tokens=1)
+    expected = [  # what the template is given: tool_calls and tool_call_id included, whether it renders them or not
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "what is\n2+2?"},
-        {"role": "assistant", "content": ""},
-        {"role": "tool", "content": "4"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "4", "tool_call_id": "c1"},
     ]
+    assert [c["messages"] for c in spy.calls] == [expected]
     assert out.usage is not None and out.usage.prompt_tokens == rendered_len(engine, expected)
 
 
