@@ -196,7 +196,9 @@ def test_slow_store_prefetch_deadline_holds_and_others_keep_running(tiny_model_d
     eng.step()
     eng.add_request("a", a, GREEDY)
     assert eng.tiers is not None and eng.tiers.prefetcher is not None
+    store = SlowFileStore.opened[-1]
     y_tokens_while_a_prefetches = 0
+    reads_back_when_a_finished = -1
     acc: dict[str, list[int]] = {}
     done: dict[str, Result] = {}
     while eng.has_unfinished():
@@ -206,9 +208,11 @@ def test_slow_store_prefetch_deadline_holds_and_others_keep_running(tiny_model_d
                 y_tokens_while_a_prefetches += len(o.new_token_ids)  # a step came back with a's read in flight
             if o.finished:
                 done[o.request_id] = Result(acc[o.request_id], o.stats, o.finish_reason)
+                if o.request_id == "a":
+                    reads_back_when_a_finished = store.returned
+                    eng.abort_request("y")  # its part is done: close right after, well within the read's delay
     got = done["a"]
-    store = SlowFileStore.opened[-1]
-    assert store.returned == 0  # "a" ran to its end while no read from the store had come back ...
+    assert reads_back_when_a_finished == 0  # "a" ran to its end while no read from the store had come back ...
     assert eng.tiers.stats.snapshot().prefetch == {"started": 1, "timeouts": 1}  # ... let in by the deadline
     assert y_tokens_while_a_prefetches >= 1  # the running request kept decoding meanwhile: no step waited for it
     assert got.tiers["store"] == 0 and got.tokens == cold.tokens
