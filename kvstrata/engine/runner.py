@@ -71,7 +71,7 @@ class ModelRunner:
         input_ids, positions, meta, rows = self.prepare(batch)
         logits = self.model.forward(input_ids, positions, meta, self.pool.k, self.pool.v, rows)
         specs = [
-            SampleSpec(r.params.temperature, r.params.top_p, r.params.top_k, r.generator)
+            SampleSpec(r.params.temperature, r.params.top_p, r.params.top_k, r.sampling_generator(logits.device))
             for i, r in enumerate(batch.requests)
             if batch.samples(i)
         ]
