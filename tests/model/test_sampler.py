@@ -102,3 +102,23 @@ def test_seeded_generator_is_made_on_the_given_device(monkeypatch: pytest.Monkey
     assert made == [torch.device("cuda", 0)] and gen.seed == 42  # type: ignore[union-attr]
     assert Request("g", [1], SamplingParams(temperature=0.0, seed=42)).sampling_generator(torch.device("cuda")) is None
     assert Request("u", [1], SamplingParams(temperature=0.8)).sampling_generator(torch.device("cuda")) is None
+
+
+def _reference_probs(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """top-p by a full sort over the whole vocabulary, renormalised: the definition."""
+    p = logits.softmax(-1)
+    sp, order = torch.sort(p, descending=True)
+    keep = (sp.cumsum(-1) - sp) < top_p
+    out = torch.zeros_like(p).scatter(0, order, sp * keep)
+    return out / out.sum()
+
+
+@pytest.mark.parametrize("scale", [4.0, 0.01])  # peaked: the top 1024 hold the nucleus; flat: full sort
+def test_top_p_candidates_equal_the_full_sort(scale: float) -> None:
+    logits = torch.randn(49152, generator=torch.Generator().manual_seed(0)) * scale
+    probs, ids = sampler.filtered_probs(logits, SampleSpec(1.0, 0.9, 0, None))
+    assert ids is not None
+    if scale > 1:
+        assert ids.shape[0] == sampler.TOP_P_CANDIDATES  # the short path was taken
+    got = torch.zeros_like(logits).scatter(0, ids, probs)
+    assert torch.allclose(got / got.sum(), _reference_probs(logits, 0.9), atol=1e-6)
