@@ -121,22 +121,23 @@ class KVCacheManager:
 
     # -- handing pages to the cache --------------------------------------------------------
     def commit(self, req: Request) -> None:
-        """Insert the request's full, computed pages into the prefix cache."""
+        """Insert the request's full, computed pages into the prefix cache: only the pages filled
+        since the last commit, continuing below the request's locked cache node (O(new pages), not
+        a walk of the whole prefix from the root)."""
         if self.cache is None:
             return
-        full = req.num_computed_tokens // self.page_size
-        if full <= req.num_shared_pages:
+        ps, shared = self.page_size, req.num_shared_pages
+        full = req.num_computed_tokens // ps
+        if full <= shared:
             return
-        tokens = req.token_ids[: full * self.page_size]
-        duplicates = set(self.cache.insert(tokens, req.pages[:full], req.params.extra_key))
-        # match never returns the last token's page, so one extra (never compared) token makes
-        # it return exactly `full` pages.
-        m = self.cache.match(tokens + [0], req.params.extra_key)
-        assert len(m.pages) == full, (len(m.pages), full)
-        for i in range(req.num_shared_pages, full):
-            if req.pages[i] != m.pages[i]:
+        assert req.cache_node is not None, "commit() before admit()"
+        tokens = req.token_ids[shared * ps : full * ps]
+        duplicates, m = self.cache.extend(req.cache_node, tokens, req.pages[shared:full], req.params.extra_key)
+        assert len(m.pages) == full - shared, (len(m.pages), full - shared)
+        for i, page in enumerate(m.pages, start=shared):
+            if req.pages[i] != page:
                 assert req.pages[i] in duplicates
-                req.pages[i] = m.pages[i]
+                req.pages[i] = page
         self.cache.lock(m.node)
         self.cache.unlock(req.cache_node)
         req.cache_node = m.node

@@ -2,7 +2,8 @@
 
 Stop strings are searched in the detokenized text; while a request runs, the last
 (longest stop string - 1) characters are held back so a stop string split across tokens is
-never streamed before it is recognised.
+never streamed before it is recognised. Only the text not yet sent is kept, and each output
+carries the new tokens only: a step's work does not grow with the length of the output.
 """
 from __future__ import annotations
 
@@ -17,8 +18,7 @@ from kvstrata.model.tokenizer import Tokenizer
 @dataclass
 class _State:
     detok: IncrementalDetokenizer
-    text: str = ""  # text so far, cut at a stop string once one is found
-    sent_chars: int = 0
+    pending: str = ""  # text not sent yet (at least the held-back tail), cut at a stop string
     sent_tokens: int = 0
     holdback: int = 0
 
@@ -41,13 +41,13 @@ class OutputProcessor:
         is_eos = token in self.eos_token_ids and not p.ignore_eos
         if is_eos or token in p.stop_token_ids:
             return "stop"
-        before = len(st.text)
-        st.text += st.detok.feed(token)
-        if p.stop:
+        before = len(st.pending)
+        st.pending += st.detok.feed(token)
+        if p.stop:  # a stop string can only start in the held-back tail or the new text
             start = max(0, before - st.holdback)
-            hits = [i for i in (st.text.find(s, start) for s in p.stop) if i >= 0]
+            hits = [i for i in (st.pending.find(s, start) for s in p.stop) if i >= 0]
             if hits:
-                st.text = st.text[: min(hits)]
+                st.pending = st.pending[: min(hits)]
                 return "stop"
         if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
             return "length"
@@ -57,11 +57,11 @@ class OutputProcessor:
         """The delta since the previous output of this request."""
         st = self._states[req.request_id]
         if req.finished and req.finish_reason == "length":
-            st.text += st.detok.flush()  # an incomplete character held back at the very end
-        end = len(st.text) if req.finished else max(st.sent_chars, len(st.text) - st.holdback)
-        new_text = st.text[st.sent_chars : end]
-        new_tokens = req.output_token_ids[st.sent_tokens :]
-        st.sent_chars, st.sent_tokens = end, req.num_output_tokens
+            st.pending += st.detok.flush()  # an incomplete character held back at the very end
+        end = len(st.pending) if req.finished else max(0, len(st.pending) - st.holdback)
+        new_text, st.pending = st.pending[:end], st.pending[end:]
+        new_tokens = req.token_ids[req.num_prompt_tokens + st.sent_tokens :]  # no copy of the whole output
+        st.sent_tokens = req.num_output_tokens
         out = RequestOutput(
             request_id=req.request_id,
             new_token_ids=new_tokens,

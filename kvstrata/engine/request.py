@@ -45,8 +45,13 @@ class Request:
         self.stats.prompt_tokens = self.num_prompt_tokens
         if not self.stats.arrival:
             self.stats.arrival = time.monotonic()
-        if not self.params.greedy and self.params.seed is not None:
-            self.generator = torch.Generator().manual_seed(self.params.seed & 0xFFFF_FFFF_FFFF_FFFF)
+
+    def sampling_generator(self, device: torch.device) -> torch.Generator | None:
+        """The seeded request's generator, made once on `device` (where its logits are: a CUDA draw
+        needs a CUDA generator); None for greedy or unseeded requests."""
+        if self.generator is None and not self.params.greedy and self.params.seed is not None:
+            self.generator = torch.Generator(device=device).manual_seed(self.params.seed & 0xFFFF_FFFF_FFFF_FFFF)
+        return self.generator
 
     @property
     def num_tokens(self) -> int:

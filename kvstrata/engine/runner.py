@@ -1,6 +1,9 @@
 """ModelRunner: turn a ScheduledBatch into tensors, run the model, sample next tokens."""
 from __future__ import annotations
 
+import itertools
+from array import array
+
 import torch
 
 from kvstrata.engine.scheduler import ScheduledBatch
@@ -14,6 +17,16 @@ from kvstrata.model.sampler import SampleSpec, sample
 DECODE_PAD_TOKENS = 64
 
 
+def slot_range(pages: list[int], start: int, end: int, ps: int) -> itertools.chain[int]:
+    """Pool slots of token positions [start, end) of a sequence with page table `pages`: one range
+    per page touched."""
+    first, last = start // ps, (end - 1) // ps
+    return itertools.chain.from_iterable(
+        range(pages[p] * ps + (start - p * ps if p == first else 0), pages[p] * ps + (end - p * ps if p == last else ps))
+        for p in range(first, last + 1)
+    )
+
+
 class ModelRunner:
     def __init__(self, model: LlamaModel, pool: PagePool) -> None:
         self.model = model
@@ -21,16 +34,18 @@ class ModelRunner:
         self.device = model.device
         self.page_size = pool.page_size
 
-    def _tensor(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=self.device)
-
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
-        """input ids [T], positions [T], attention metadata, rows to sample [S]."""
+        """input ids [T], positions [T], attention metadata, rows to sample [S].
+
+        The Python loops are per request and per page, not per token, and every integer the step
+        needs goes to the device in one tensor (one conversion, one copy) whose views are the
+        step's index tensors: at small batches each extra torch op costs more than the data."""
         ps = self.page_size
         ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
-        prefill: list[PrefillSeq] = []
+        flat: list[int] = []  # every request's page table, one after another
+        slots: list[int] = []  # where each new token's K/V goes
+        prefill: list[tuple[int, int, int, int, int]] = []  # q_start, q_len, kv_len, first page, pages
         decode_rows: list[int] = []
         decode_tables: list[list[int]] = []
         decode_lens: list[int] = []
@@ -40,38 +55,55 @@ class ModelRunner:
             start, end = req.num_computed_tokens, req.num_computed_tokens + n
             ids.extend(req.token_ids[start:end])
             positions.extend(range(start, end))
-            pages = req.pages[: -(-end // ps)]
-            slots.extend(pages[p // ps] * ps + p % ps for p in range(start, end))
+            npg = -(-end // ps)
             if n == 1:
                 decode_rows.append(row)
-                decode_tables.append(pages)
+                decode_tables.append(req.pages)  # read-only below, up to its first npg pages
                 decode_lens.append(end)
             else:
-                prefill.append(PrefillSeq(q_start=row, q_len=n, kv_len=end, pages=self._tensor(pages)))
+                prefill.append((row, n, end, len(flat), npg))
+            slots.extend(slot_range(req.pages, start, end, ps))
+            flat.extend(req.pages[:npg])
             row += n
             if batch.samples(i):
                 logit_rows.append(row - 1)
-        meta = AttentionMetadata(page_size=ps, slot_mapping=self._tensor(slots), prefill=prefill)
+        padded: list[int] = []  # the decode rows' page tables, padded: [Bd, Pmax] row-major
+        pmax = 0
         if decode_rows:
             # pad the page tables to a multiple of 64 tokens: the bf16 matmuls of decode attention
             # (oneDNN) build a kernel per new shape, ~0.6 ms each, so a context length that changes
             # every step would pay that every step; padding (masked) changes the shape every 64 tokens
             pad = max(1, DECODE_PAD_TOKENS // ps)
-            pmax = -(-max(len(t) for t in decode_tables) // pad) * pad
-            meta.decode_rows = self._tensor(decode_rows)
-            meta.decode_pages = self._tensor([t + [0] * (pmax - len(t)) for t in decode_tables])  # [B, Pmax]
-            lens = self._tensor(decode_lens)
-            meta.decode_mask = (torch.arange(pmax * ps, device=self.device)[None, :] < lens[:, None])[:, None, None, :]
+            pmax = -(-max(-(-n // ps) for n in decode_lens) // pad) * pad
+            for t, n in zip(decode_tables, decode_lens):
+                npg = -(-n // ps)
+                padded.extend(t[:npg])
+                padded.extend([0] * (pmax - npg))
+        parts = [ids, positions, slots, flat, logit_rows, decode_rows, decode_lens, padded]
+        # array('q') then frombuffer: ~30x faster than torch.tensor(list), which inspects every element
+        host = torch.frombuffer(array("q", itertools.chain.from_iterable(parts)), dtype=torch.long)
+        (input_ids, pos, slot_t, pages, logit_t, drows, dlens, dpages) = host.to(self.device).split(
+            [len(p) for p in parts]
+        )
+        meta = AttentionMetadata(
+            page_size=ps,
+            slot_mapping=slot_t,
+            prefill=[PrefillSeq(q_start=r, q_len=n, kv_len=kv, pages=pages[o : o + k]) for r, n, kv, o, k in prefill],
+        )
+        if decode_rows:
+            meta.decode_rows = drows
+            meta.decode_pages = dpages.view(len(decode_rows), pmax)  # padded with page 0
+            meta.decode_mask = (torch.arange(pmax * ps, device=self.device)[None, :] < dlens[:, None])[:, None, None, :]
             meta.decode_lens = decode_lens
             meta.decode_shared_pages = shared_leading_pages(decode_tables, decode_lens, ps)
-        return self._tensor(ids), self._tensor(positions), meta, self._tensor(logit_rows)
+        return input_ids, pos, meta, logit_t
 
     def run(self, batch: ScheduledBatch) -> list[int | None]:
         """Next token for each request that reaches the end of its tokens, else None."""
         input_ids, positions, meta, rows = self.prepare(batch)
         logits = self.model.forward(input_ids, positions, meta, self.pool.k, self.pool.v, rows)
         specs = [
-            SampleSpec(r.params.temperature, r.params.top_p, r.params.top_k, r.generator)
+            SampleSpec(r.params.temperature, r.params.top_p, r.params.top_k, r.sampling_generator(logits.device))
             for i, r in enumerate(batch.requests)
             if batch.samples(i)
         ]

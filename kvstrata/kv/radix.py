@@ -140,12 +140,43 @@ class RadixPrefixCache:
             return []
         if len(set(pages[:k])) != k:
             raise ValueError("insert() got the same page id twice")
-        step = ps * TOKEN_BYTES
-        data = token_bytes(tokens[: k * ps])
         sub = self._top.children.get(extra_key or "")
-        node = sub if sub is not None else self._top
+        dups, _ = self._insert_below(sub, extra_key, tokens[: k * ps], pages[:k])
+        return dups
+
+    def extend(self, node: Node, tokens: Sequence[int], pages: list[int], extra_key: str | None = None) -> tuple[list[int], Match]:
+        """Changes state: insert() for pages that continue the cached path ending at `node` (locked
+        by the caller, e.g. a running request's cache node), without walking from the root: `tokens`
+        are only the tokens after node's prefix, pages[i] holds tokens[i*ps:(i+1)*ps]. Same
+        ownership rules as insert(). Returns (the caller's duplicate pages, the Match of the new
+        pages below `node`: the tree's pages for them, the deepest node, their hashes)."""
+        if node.parent is None and node is not self._top:
+            raise ValueError("node is no longer in the cache (a stale Match?); match again")
+        if node.lock_ref == 0:
+            raise ValueError("extend() below an unlocked node: lock it first")
+        k = len(tokens) // self.page_size
+        if len(pages) < k:
+            raise ValueError(f"extend() got {len(pages)} pages for {k} full pages of tokens")
+        if k == 0:
+            return [], Match([], 0, node, [])
+        if len(set(pages[:k])) != k:
+            raise ValueError("extend() got the same page id twice")
+        start = self._top.children.get(extra_key or "") if node is self._top else node
+        dups, nodes = self._insert_below(start, extra_key, tokens[: k * self.page_size], pages[:k])
+        last = nodes[-1] if nodes else node
+        match = Match([n.page for n in nodes], len(nodes) * self.page_size, last, [n.hash for n in nodes])  # type: ignore[misc]
+        return dups, match
+
+    def _insert_below(self, start: Node | None, extra_key: str | None, tokens: Sequence[int], pages: list[int]) -> tuple[list[int], list[Node]]:
+        """Walk from `start` (the subtree root or a node in it; None = no subtree for extra_key yet)
+        along the pages of `tokens` (len(pages) full pages), create the missing nodes; returns the
+        caller's duplicate pages and the node of every page, walked or created."""
+        k = len(pages)
+        step = self.page_size * TOKEN_BYTES
+        data = token_bytes(tokens)
+        node = start if start is not None else self._top
         walked: list[Node] = []
-        while sub is not None and len(walked) < k:
+        while start is not None and len(walked) < k:
             i = len(walked)
             child = node.children.get(data[i * step : (i + 1) * step])
             if child is None:
@@ -164,11 +195,11 @@ class RadixPrefixCache:
         if i == k:
             if node.page is not None and node.lock_ref == 0 and not node.children:
                 self._push(node)  # refreshed leaf: re-enter the LRU heap at its new time
-            return dups
+            return dups, walked
         new_pages = pages[i:k]
-        if sub is None:
-            node = sub = Node(extra_key or "", None, self.root, self._top, self._clock)
-            self._top.children[sub.key] = sub  # type: ignore[index]
+        if start is None:
+            node = Node(extra_key or "", None, self.root, self._top, self._clock)
+            self._top.children[node.key] = node  # type: ignore[index]
         parent_hash = node.hash if node.page is not None else None
         salt, sha, page_node, now = salt_bytes(extra_key), hashlib.sha256, self._page_node, self._clock
         created: list[Node] = []
@@ -186,7 +217,7 @@ class RadixPrefixCache:
             token_lists = [tokens_from_bytes(n.key) for n in created]  # type: ignore[arg-type]
             for hook in self.on_insert:
                 hook(hashes, new_pages, token_lists, parent_hash)
-        return dups
+        return dups, walked + created
 
     def evict(self, num_pages: int) -> Evicted:
         """Changes state: removes up to `num_pages` unlocked pages, least recently used leaf first

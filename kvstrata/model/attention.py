@@ -32,6 +32,7 @@ class PrefillSeq:
     q_len: int
     kv_len: int  # context length including the new tokens
     pages: torch.Tensor  # [ceil(kv_len / page_size)] long: the context's page table
+    mask: torch.Tensor | None = None  # bottom-right causal mask, built by the first layer, reused by the rest
 
 
 @dataclass
@@ -113,8 +114,9 @@ class TorchSDPABackend:
             if seq.q_len == seq.kv_len:
                 o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
             else:
-                mask = _bottom_right_causal(seq.q_len, seq.kv_len, q.device)
-                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)
+                if seq.mask is None:  # once per forward, not once per layer
+                    seq.mask = _bottom_right_causal(seq.q_len, seq.kv_len, q.device)
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=seq.mask, enable_gqa=True)
             out[seq.q_start : seq.q_start + seq.q_len] = o.squeeze(0).transpose(0, 1)
         if meta.decode_rows is not None:
             out[meta.decode_rows] = self._decode(q[meta.decode_rows], k_cache, v_cache, meta)

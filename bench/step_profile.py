@@ -1,0 +1,96 @@
+"""Where one engine step's time goes: a cold prefill and decode steps at batch 1 and 8, offline.
+
+    PYTHONPATH=. python bench/step_profile.py [--dtype float32] [--prefill 2048] [--context 2048]
+        [--decode-steps 32] [--profile] [--q4-decode off]
+
+Prints wall ms for the cold prefill of one `--prefill`-token prompt and ms per decode step at batch 1
+(one `--context`-token prompt) and batch 8 (eight `--context // 4`-token prompts); with `--profile`
+also torch.profiler's top ops by self CPU time for each phase, and how much of the wall time no op
+accounts for (Python between ops).
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+
+sys.path.insert(0, ".")
+from kvstrata.engine.llm import LLM  # noqa: E402
+from kvstrata.engine.sampling_params import SamplingParams  # noqa: E402
+
+GREEDY = SamplingParams(max_tokens=4096, temperature=0.0, ignore_eos=True)
+
+
+def prompts(seed: int, count: int, length: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, 49000) for _ in range(length)] for _ in range(count)]
+
+
+def profiled(fn: Callable[[], Any], on: bool, label: str) -> float:
+    """Run fn, return wall seconds; print the top ops when `on`."""
+    if not on:
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        t = time.perf_counter()
+        fn()
+        wall = time.perf_counter() - t
+    avg = prof.key_averages()
+    ops = sorted((e for e in avg if e.self_cpu_time_total > 0), key=lambda e: -e.self_cpu_time_total)
+    total_us = sum(e.self_cpu_time_total for e in ops)
+    print(f"  [{label}] wall {wall * 1e3:.1f} ms, ops {total_us / 1e3:.1f} ms, "
+          f"outside ops (Python) {max(0.0, wall * 1e3 - total_us / 1e3):.1f} ms (profiler overhead included)")
+    for e in ops[:10]:
+        print(f"    {e.key:<36} {e.self_cpu_time_total / 1e3:8.1f} ms  {e.count:6d} calls")
+    return wall
+
+
+def decode_steps(llm: LLM, batch: list[list[int]], steps: int, profile: bool, label: str) -> float:
+    """ms per decode step once every request has its first token."""
+    eng = llm.engine
+    for i, p in enumerate(batch):
+        eng.add_request(f"{label}-{i}-{time.monotonic_ns()}", p, GREEDY)
+    while eng.num_waiting or any(r.num_computed_tokens < r.num_tokens - 1 for r in eng.scheduler.running):
+        eng.step()
+    for _ in range(2):  # warm the decode shapes
+        eng.step()
+
+    def run() -> None:
+        for _ in range(steps):
+            eng.step()
+
+    wall = profiled(run, profile, label)
+    for rid in [r.request_id for r in eng.scheduler.running]:
+        eng.abort_request(rid)
+    return wall / steps * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--q4-decode", default="off")
+    ap.add_argument("--prefill", type=int, default=2048)
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--profile", action="store_true")
+    a = ap.parse_args()
+    llm = LLM(a.model, dtype=a.dtype, q4_decode=a.q4_decode, enable_prefix_caching=False, max_total_tokens=16384)
+    llm.generate([prompts(9, 1, 64)[0]], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
+    long_prompt = prompts(0, 1, a.prefill)[0]
+    one = SamplingParams(max_tokens=1, temperature=0.0)
+    wall = profiled(lambda: llm.generate([long_prompt], one), a.profile, f"prefill {a.prefill}")
+    print(f"prefill {a.prefill} tokens: {wall * 1e3:.0f} ms, {a.prefill / wall:.0f} tok/s")
+    b1 = decode_steps(llm, prompts(1, 1, a.context), a.decode_steps, a.profile, f"decode b1 ctx {a.context}")
+    print(f"decode b1 ctx {a.context}: {b1:.2f} ms/step, {1e3 / b1:.1f} tok/s")
+    b8 = decode_steps(llm, prompts(2, 8, a.context // 4), a.decode_steps, a.profile, f"decode b8 ctx {a.context // 4}")
+    print(f"decode b8 ctx {a.context // 4}: {b8:.2f} ms/step, {8e3 / b8:.1f} tok/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""KVCacheManager.commit in the engine: each filled page is handed to the cache once, continuing
+below the request's cache node (the prefix above it is never re-packed or re-walked)."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from kvstrata.engine.llm import LLM
+from kvstrata.engine.sampling_params import SamplingParams
+from kvstrata.kv import radix
+
+PS = 16
+
+
+def test_commit_packs_each_page_once_and_matches_cache_off(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(0)
+    prompt = [rng.randrange(3, 49000) for _ in range(40)]
+    params = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
+    llm = LLM(str(tiny_model_dir), dtype="float32", max_total_tokens=4096, chunked_prefill_size=16)
+    packed: list[int] = []
+    real = radix.token_bytes
+    monkeypatch.setattr(radix, "token_bytes", lambda toks: packed.append(len(toks)) or real(toks))
+    out = llm.generate([prompt], params)[0]
+    computed = len(prompt) + len(out.token_ids) - 1  # the last sampled token is never computed
+    # (a cold cache: admission's match packs nothing) each commit packs only the pages it adds; the
+    # old commit re-packed the whole prefix at every page: ~L^2 / (2 PS) tokens in all
+    assert sum(packed) == computed // PS * PS
+    assert all(n % PS == 0 and n <= 2 * PS for n in packed), packed
+    llm.engine.check_integrity()
+    again = llm.generate([prompt + out.token_ids], SamplingParams(max_tokens=1, temperature=0.0))[0]
+    assert again.cached_tokens == computed // PS * PS
+    off = LLM(str(tiny_model_dir), dtype="float32", max_total_tokens=4096, enable_prefix_caching=False)
+    assert off.generate([prompt], params)[0].token_ids == out.token_ids
