@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from kvstrata.engine.request import Request
+from kvstrata.kv.eviction_policy import RETAINED, RETENTION_S, insert_class, now
 from kvstrata.kv.pool import PagePool
 from kvstrata.kv.radix import Match, RadixPrefixCache
 from kvstrata.kv.tiers import KVTiers
@@ -58,7 +59,7 @@ class KVCacheManager:
         if self.cache is None:
             return CacheHit()
         m = self.cache.match(req.token_ids, req.params.extra_key)
-        self.cache.lock(m.node)
+        self.cache.lock(m.node, hit=True)
         device, host, store = m.num_tokens, 0, 0
         if self.tiers is not None:
             self.tiers.on_hit(m)
@@ -97,7 +98,7 @@ class KVCacheManager:
         duplicates = self.cache.insert(tokens, m.pages + pages, req.params.extra_key)
         assert not duplicates, "L2 continued an L1 match that was not the longest"
         full = self.cache.match(tokens + [0], req.params.extra_key)
-        self.cache.lock(full.node)
+        self.cache.lock(full.node, hit=True)
         self.cache.unlock(m.node)
         return full, hashes
 
@@ -128,7 +129,9 @@ class KVCacheManager:
         if full <= req.num_shared_pages:
             return
         tokens = req.token_ids[: full * self.page_size]
-        duplicates = set(self.cache.insert(tokens, req.pages[:full], req.params.extra_key))
+        cls = insert_class(self.cache.policy, req.params.retention, req.stats.cached_tokens, req.num_prompt_tokens)
+        until = now() + RETENTION_S.get(req.params.retention, 0.0) if cls == RETAINED else 0.0
+        duplicates = set(self.cache.insert(tokens, req.pages[:full], req.params.extra_key, cls, until))
         # match never returns the last token's page, so one extra (never compared) token makes
         # it return exactly `full` pages.
         m = self.cache.match(tokens + [0], req.params.extra_key)

@@ -58,7 +58,7 @@ class KVTiers:
     def _on_evict(self, hashes: list[bytes], pages: list[int]) -> None:
         if not self._catch_evictions:
             return
-        n = self.host.put_from_pool(self.pool, hashes, pages)
+        n = self.host.put_from_pool(self.pool, hashes, pages, self.cache.evicting)
         self.stats.wrote("host", n, n * self.host.page_bytes)
 
     def _on_insert(self, hashes: list[bytes], pages: list[int], token_lists: list[list[int]], parent: bytes | None) -> None:
