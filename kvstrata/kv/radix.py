@@ -57,6 +57,8 @@ class RadixPrefixCache:
         self._lru: list[tuple[int, int, Node, int]] = []  # lazy min-heap over unlocked leaves
         self._seq = itertools.count()  # heap tie-break, so entries never compare nodes
         self.evicting: list[tuple[int, float]] = []  # (class, retain_until) of the pages on_evict is given
+        self.inserting: tuple[int, float] = (ep.PROBATION, 0.0)  # (class, retain_until) of on_insert's pages
+        self.hits_by_class = [0, 0, 0]  # pages hit by admissions, by their class before the hit
 
     @property
     def num_cached_pages(self) -> int:
@@ -65,6 +67,14 @@ class RadixPrefixCache:
     @property
     def num_evictable_pages(self) -> int:
         return self._num_evictable
+
+    def class_counts(self) -> list[int]:
+        """Cached pages per eviction class (probation, protected, retained). Read-only; safe from
+        another thread (one atomic copy of the index, then reads)."""
+        counts = [0, 0, 0]
+        for node in list(self._page_node.values()):
+            counts[node.cls] += 1
+        return counts
 
     def cached_pages(self) -> set[int]:
         return set(self._page_node)
@@ -107,6 +117,7 @@ class RadixPrefixCache:
             n.lock_ref += 1
             n.last_access = self._clock
             if hit and n.page is not None:
+                self.hits_by_class[n.cls] += 1
                 n.cls = ep.hit_class(self.policy, n.cls)
             n = n.parent
 
@@ -194,6 +205,7 @@ class RadixPrefixCache:
         self._num_evictable += k - i
         self._push(node)
         if self.on_insert:
+            self.inserting = (cls, retain_until)  # for on_insert hooks: the new pages' class
             hashes = [n.hash for n in created]
             token_lists = [tokens_from_bytes(n.key) for n in created]  # type: ignore[arg-type]
             for hook in self.on_insert:
