@@ -16,6 +16,7 @@ from typing import Callable, NamedTuple
 from kvstrata.bench.compare import add_compare_args
 from kvstrata.bench.multiround import add_multiround_args
 from kvstrata.bench.repeat import add_repeat_args
+from kvstrata.bench.scan import add_scan_args
 from kvstrata.bench.soak import add_soak_args
 from kvstrata.bench.throughput import add_throughput_args
 
@@ -74,6 +75,7 @@ def add_agentic_workload_args(parser: argparse.ArgumentParser) -> argparse._Argu
                        help="distinct system prompts; session s uses agent s %% agents (default: %(default)s)")
     group.add_argument("--turn-tokens", type=int, default=100,
                        help="tokens per user message or tool result, 20-200 (default: %(default)s)")
+    add_scan_args(group)  # --scan-prompts, --scan-tokens, --think-time, --cache-hints (scan.py)
     return group
 
 
