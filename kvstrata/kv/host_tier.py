@@ -164,7 +164,9 @@ class HostTier:
 
     def _class_of(self, cls: tuple[int, float]) -> int:
         c = ep.effective_class(self.policy, cls[0], cls[1], ep.now())
-        return ep.PROTECTED if c == ep.RETAINED and self.retained_cap == 0 else c
+        if c == ep.RETAINED and self.retained_cap == 0:  # no quota: an ordinary reused page
+            return ep.effective_class(self.policy, ep.PROTECTED, 0.0, 0.0)
+        return c
 
     def _place(self, h: bytes, c: int, retain_until: float) -> None:
         """Put held `h` at the recent end of class `c`'s segment, keeping retained within quota."""
