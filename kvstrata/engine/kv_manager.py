@@ -59,7 +59,7 @@ class KVCacheManager:
         if self.cache is None:
             return CacheHit()
         m = self.cache.match(req.token_ids, req.params.extra_key)
-        self.cache.lock(m.node, hit=True)
+        self.cache.lock(m.node, hit=not req.admitted_once)  # a preempted request's own pages are no reuse
         device, host, store = m.num_tokens, 0, 0
         if self.tiers is not None:
             self.tiers.on_hit(m)
@@ -98,7 +98,7 @@ class KVCacheManager:
         duplicates = self.cache.insert(tokens, m.pages + pages, req.params.extra_key)
         assert not duplicates, "L2 continued an L1 match that was not the longest"
         full = self.cache.match(tokens + [0], req.params.extra_key)
-        self.cache.lock(full.node, hit=True)
+        self.cache.lock(full.node, hit=not req.admitted_once)
         self.cache.unlock(m.node)
         return full, hashes
 
