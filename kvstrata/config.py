@@ -88,6 +88,14 @@ class CacheConfig:
     )
     kvstore_ratio: float = opt(2.0, "L2 host pages as a multiple of the L1 pages", min=0.0)
     kvstore_size: float = opt(0.0, "L2 host memory in GB; overrides --kvstore-ratio when > 0", min=0.0)
+    eviction_policy: str = opt(
+        "slru", "L1/L2 eviction order: slru keeps reused pages (and session continuations) past one-off "
+        "prompts; lru is recency only", choices=["slru", "lru"],
+    )
+    prompt_cache_retention_quota: float = opt(
+        0.5, "share of L2 that prompt_cache_retention \"24h\" pages may hold safe from other traffic",
+        min=0.0, max=1.0,
+    )
     kvstore_storage_backend: str | None = opt(
         None,
         "L3 store shared across restarts, ranks and machines (none: no L3)",

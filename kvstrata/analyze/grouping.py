@@ -6,6 +6,8 @@
   those move, which is exactly what the analyzer must then point at.
 - Agent: requests with the same system prompt and tool set, compared with digit runs and long hex
   ids masked and lines sorted, so a timestamp or reordered tools do not split an agent.
+A request with a `prompt_cache_key` belongs to that key's session instead: the client said which
+requests belong together. (Its reference is found as below, so a divergence still shows.)
 The reference of a request is its session predecessor (all of whose prompt it should reuse), else
 the latest earlier request of its agent (whose system prompt it should reuse).
 """
@@ -73,6 +75,7 @@ def group(requests: Sequence[Rendered]) -> Grouping:
     agent_of: list[int] = []
     references: list[Reference | None] = []
     sessions = 0
+    session_by_key: dict[str, int] = {}
     for i, request in enumerate(requests):
         conversation = _conversation(request.messages)
         previous = next(
@@ -82,12 +85,18 @@ def group(requests: Sequence[Rendered]) -> Grouping:
         )
         key = agent_key(request)
         agent_of.append(agent_ids.setdefault(key, len(agent_ids)))
-        if previous is not None:
+        if request.cache_key is not None and request.cache_key in session_by_key:
+            session_of.append(session_by_key[request.cache_key])
+        elif previous is not None and requests[previous].cache_key in (None, request.cache_key):
             session_of.append(session_of[previous])
-            references.append(Reference(previous, SESSION, len(requests[previous].ids)))
         else:
             session_of.append(sessions)
             sessions += 1
+        if request.cache_key is not None:
+            session_by_key.setdefault(request.cache_key, session_of[-1])
+        if previous is not None:
+            references.append(Reference(previous, SESSION, len(requests[previous].ids)))
+        else:
             same_agent = latest_by_agent.get(key)
             references.append(
                 Reference(same_agent, AGENT, _system_tokens(requests[same_agent])) if same_agent is not None else None

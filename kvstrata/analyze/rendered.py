@@ -83,6 +83,7 @@ class Rendered:
     ids: list[int]
     offsets: list[tuple[int, int]]  # [num_tokens] character span of each token
     spans: tuple[FieldSpan, ...]
+    cache_key: str | None = None  # the body's prompt_cache_key (a string), when it has one
 
     def field(self, message: int, field: str) -> str | None:
         if message >= len(self.messages):
@@ -126,4 +127,5 @@ def render(tokenizer: Tokenizer, body: dict[str, Any], index: int) -> Rendered:
                 spans.append(FieldSpan(i, str(message.get("role")), field, start, start + len(value)))
                 end = max(end, start + len(value))
         pos = end
-    return Rendered(index, messages, tools, text, list(encoding.ids), list(encoding.offsets), tuple(spans))
+    key = body.get("prompt_cache_key") if isinstance(body.get("prompt_cache_key"), str) else None
+    return Rendered(index, messages, tools, text, list(encoding.ids), list(encoding.offsets), tuple(spans), key)

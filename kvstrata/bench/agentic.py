@@ -25,6 +25,7 @@ from tqdm import tqdm
 from kvstrata.bench.args import check_client_arguments
 from kvstrata.bench.client import ChatClient, RequestRecord
 from kvstrata.bench.report import build_report, format_table, load_tokenizer, write_json
+from kvstrata.bench.scan import ScanConfig, run_scan, session_hints
 from kvstrata.bench.workloads import AgenticConfig, Session, generate_agentic
 
 
@@ -81,8 +82,12 @@ async def drive_agentic(
     seed: int = 0,
     progress: bool = True,
     desc: str = "agentic",
+    scan: ScanConfig | None = None,
 ) -> list[RequestRecord]:
-    """Run every session to its last turn (or first error); records in completion order."""
+    """Run every session to its last turn (or first error); records in completion order. With a
+    `scan` (scan.py): think time between turns, cache hints, and one-off prompts beside them; the
+    scan's summary goes to `drive_agentic.last_scan`."""
+    scan = scan or ScanConfig()
     gate = _Gate(concurrency, request_rate, seed)
     records: list[RequestRecord] = []
     bar = tqdm(total=workload.num_requests, desc=desc, unit="req", disable=not progress)
@@ -90,11 +95,14 @@ async def drive_agentic(
     async def run_session(session_id: int) -> None:
         session = workload.sessions[session_id]
         replies: list[str] = []
+        hints = session_hints(scan, session_id, seed)
         for turn in range(len(session.turns)):
             messages = workload.messages(session_id, replies)
+            if turn and scan.think_time:
+                await asyncio.sleep(scan.think_time)  # the agent runs a tool between turns
             await gate.acquire()
             try:
-                result = await client.chat(messages)
+                result = await client.chat(messages, hints)
             finally:
                 gate.release()
             kind = session.turns[turn].kind
@@ -107,14 +115,27 @@ async def drive_agentic(
             replies.append(result.text)
 
     arrivals = asyncio.create_task(gate.arrive(workload.num_requests)) if request_rate else None
+    done = asyncio.Event()
+    scanning = asyncio.create_task(run_scan(client, scan, seed, done)) if scan.prompts else None
     try:
         await asyncio.gather(*(run_session(s.session_id) for s in workload.sessions))
+        done.set()
+        if scanning is not None:
+            last_scan.clear()
+            last_scan.update(await scanning)  # the prompt in flight finishes
     finally:
+        done.set()
+        if scanning is not None and not scanning.done():
+            scanning.cancel()
+            await asyncio.gather(scanning, return_exceptions=True)
         if arrivals is not None:
             arrivals.cancel()
             await asyncio.gather(arrivals, return_exceptions=True)
         bar.close()
     return records
+
+
+last_scan: dict[str, int] = {}  # the scan summary of the latest drive_agentic run
 
 
 def agentic_config(args: argparse.Namespace) -> AgenticConfig:
@@ -124,6 +145,7 @@ def agentic_config(args: argparse.Namespace) -> AgenticConfig:
                            system_tokens=system, turn_tokens=args.turn_tokens, seed=args.seed)
     config.validate()
     check_client_arguments(args)
+    ScanConfig.from_args(args)
     return config
 
 
@@ -133,17 +155,24 @@ def run_agentic_workload(
     """Drive `config`'s sessions against `url` with the client flags; the report dict (the JSON file)."""
     workload = generate_agentic(config)
     concurrency = None if args.request_rate else args.concurrency
+    scan = ScanConfig.from_args(args)
 
     async def run() -> list[RequestRecord]:
-        connections = max(concurrency or 0, config.sessions)
+        connections = max(concurrency or 0, config.sessions) + 1
         async with ChatClient(url, args.model, args.max_tokens, max_connections=connections) as c:
-            return await drive_agentic(workload, c, concurrency, args.request_rate, config.seed, progress=progress)
+            return await drive_agentic(workload, c, concurrency, args.request_rate, config.seed, progress=progress,
+                                       scan=scan)
 
+    last_scan.clear()
     records = asyncio.run(run())
     meta = {"workload": "agentic", "url": url, "model": args.model, "tokenizer": args.tokenizer,
             "max_tokens": args.max_tokens, "concurrency": concurrency, "request_rate": args.request_rate,
-            "page_size": args.page_size, **asdict(config)}
-    return build_report(records, tokenizer, args.page_size, meta)
+            "page_size": args.page_size, **asdict(config), "think_time": scan.think_time,
+            "cache_hints": scan.cache_hints}
+    report = build_report(records, tokenizer, args.page_size, meta)
+    if scan.prompts:
+        report["scan"] = dict(last_scan)
+    return report
 
 
 def main(args: argparse.Namespace) -> int:
@@ -161,6 +190,8 @@ def main(args: argparse.Namespace) -> int:
     )
     report = run_agentic_workload(args, args.url, config, tokenizer)
     print(format_table(report))
+    if "scan" in report:
+        print(f"scan: {report['scan']} (not in the figures above: they are the agents')")
     if args.output:
         write_json(report, args.output)
         print(f"wrote {args.output}", file=sys.stderr)

@@ -109,10 +109,12 @@ class ChatClient:
             **self.extra_body,
         }
 
-    async def chat(self, messages: list[dict[str, str]]) -> ChatResult:
+    async def chat(self, messages: list[dict[str, str]], extra: dict[str, Any] | None = None) -> ChatResult:
+        """One streamed request; `extra` fields (e.g. prompt_cache_key) are merged into its body."""
         stream = _StreamState(time.perf_counter())
         try:
-            async with self._http.stream("POST", self.endpoint, json=self.payload(messages)) as resp:
+            body = {**self.payload(messages), **(extra or {})}
+            async with self._http.stream("POST", self.endpoint, json=body) as resp:
                 if resp.status_code >= 400:
                     body = (await resp.aread()).decode("utf-8", "replace")
                     stream.error = f"HTTP {resp.status_code}: {body[:300]}"

@@ -79,7 +79,8 @@ class Engine:
         # decode-computed K/V differ (slightly) between the int4 and dense paths: separate namespaces
         layout = "llama-paged-v1" + ("+q4decode" if self.model.uses_int4 else "")
         root = namespace_root(path.name + ":" + weights.identity, dtype_name, ps, layout)
-        cache = RadixPrefixCache(self.pool, ps, root) if cache_cfg.enable_prefix_caching else None
+        policy = cache_cfg.eviction_policy
+        cache = RadixPrefixCache(self.pool, ps, root, policy) if cache_cfg.enable_prefix_caching else None
         self.prefix_cache = cache
         # KV events in vLLM's wire format, for the DP gateway and outside routers (None when off)
         self.kv_events = attach_kv_events(cache, cache_cfg)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from kvstrata.engine.request import Request
+from kvstrata.kv.eviction_policy import PROBATION, RETAINED, RETENTION_S, insert_class, now
 from kvstrata.kv.pool import PagePool
 from kvstrata.kv.radix import Match, RadixPrefixCache
 from kvstrata.kv.tiers import KVTiers
@@ -58,7 +59,7 @@ class KVCacheManager:
         if self.cache is None:
             return CacheHit()
         m = self.cache.match(req.token_ids, req.params.extra_key)
-        self.cache.lock(m.node)
+        self.cache.lock(m.node, hit=not req.admitted_once)  # a preempted request's own pages are no reuse
         device, host, store = m.num_tokens, 0, 0
         if self.tiers is not None:
             self.tiers.on_hit(m)
@@ -97,7 +98,7 @@ class KVCacheManager:
         duplicates = self.cache.insert(tokens, m.pages + pages, req.params.extra_key)
         assert not duplicates, "L2 continued an L1 match that was not the longest"
         full = self.cache.match(tokens + [0], req.params.extra_key)
-        self.cache.lock(full.node)
+        self.cache.lock(full.node, hit=not req.admitted_once)
         self.cache.unlock(m.node)
         return full, hashes
 
@@ -132,7 +133,12 @@ class KVCacheManager:
             return
         assert req.cache_node is not None, "commit() before admit()"
         tokens = req.token_ids[shared * ps : full * ps]
-        duplicates, m = self.cache.extend(req.cache_node, tokens, req.pages[shared:full], req.params.extra_key)
+        cls = insert_class(self.cache.policy, req.params.retention, req.stats.cached_tokens, req.num_prompt_tokens)
+        until = now() + RETENTION_S.get(req.params.retention, 0.0) if cls == RETAINED else 0.0
+        if cls != PROBATION:  # the prefix this request matched is kept at its class too
+            self.cache.raise_class(req.cache_node, cls, until)
+        extra = req.params.extra_key
+        duplicates, m = self.cache.extend(req.cache_node, tokens, req.pages[shared:full], extra, cls, until)
         assert len(m.pages) == full - shared, (len(m.pages), full - shared)
         for i, page in enumerate(m.pages, start=shared):
             if req.pages[i] != page:

@@ -43,6 +43,7 @@ class Request:
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)
         self.stats.prompt_tokens = self.num_prompt_tokens
+        self.stats.cache_key, self.stats.retention = self.params.cache_key, self.params.retention
         if not self.stats.arrival:
             self.stats.arrival = time.monotonic()
 

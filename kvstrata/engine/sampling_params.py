@@ -1,10 +1,14 @@
 """Per-request sampling parameters (the offline API's `SamplingParams`)."""
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
 from kvstrata.config import GREEDY_BELOW
+
+PROMPT_CACHE_KEY_MAX_CHARS = 1024  # OpenAI's limit on prompt_cache_key
+RETENTION_CLASSES = ("in_memory", "24h")  # prompt_cache_retention values; index = retention class
 
 
 class InvalidRequestError(ValueError):
@@ -29,6 +33,8 @@ class SamplingParams:
     ignore_eos: bool = False
     n: int = 1
     extra_key: str | None = None  # tenant / cache_salt: requests with different keys share no pages
+    cache_key: str | None = None  # prompt_cache_key: a session hint (stats, logs, gateway routing)
+    retention: str = "in_memory"  # prompt_cache_retention: "24h" pins the prompt's pages longer
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -56,6 +62,12 @@ class SamplingParams:
             raise InvalidRequestError(f"top_k must be -1, 0 (off) or positive, got {self.top_k}", "top_k")
         if not (1 <= self.n <= max_n):
             raise InvalidRequestError(f"n must be between 1 and {max_n}, got {self.n}", "n")
+        if self.retention not in RETENTION_CLASSES:
+            msg = f"prompt_cache_retention must be one of {list(RETENTION_CLASSES)}, got {self.retention!r}"
+            raise InvalidRequestError(msg, "prompt_cache_retention")
+        if self.cache_key is not None and len(self.cache_key) > PROMPT_CACHE_KEY_MAX_CHARS:
+            msg = f"prompt_cache_key must be at most {PROMPT_CACHE_KEY_MAX_CHARS} characters, got {len(self.cache_key)}"
+            raise InvalidRequestError(msg, "prompt_cache_key")
         if len(self.stop) > max_stop:
             raise InvalidRequestError(f"at most {max_stop} stop strings are allowed, got {len(self.stop)}", "stop")
         if any((not isinstance(s, str)) or s == "" for s in self.stop):
@@ -79,6 +91,8 @@ class RequestStats:
     cached_tokens: int = 0  # prompt tokens whose KV came from a cache (any tier)
     output_tokens: int = 0
     tier_tokens: dict[str, int] = field(default_factory=dict)  # device/host/store -> tokens
+    cache_key: str | None = None  # the request's prompt_cache_key
+    retention: str = "in_memory"  # the request's prompt_cache_retention
 
     def as_log_fields(self, finish_reason: str | None) -> dict[str, object]:
         def ms(a: float | None, b: float | None) -> float | None:
@@ -100,4 +114,6 @@ class RequestStats:
             "decode_tps": decode_tps,
             "output_tokens": self.output_tokens,
             "finish_reason": finish_reason,
+            "retention": self.retention,
+            **({"prompt_cache_key": json.dumps(self.cache_key)} if self.cache_key is not None else {}),
         }

@@ -12,7 +12,8 @@ Invariants (`check_integrity()`):
 - node.lock_ref == node.pins + sum(child.lock_ref), so an unlocked node has no locked descendant
   and every unlocked page can be evicted (leaves first).
 - num_evictable_pages == number of page nodes with lock_ref == 0.
-- every unlocked leaf has a heap entry (last_access, seq, node); stale entries are skipped on pop.
+- every unlocked leaf has a heap entry (priority, seq, node, last_access); stale entries are skipped
+  on pop. priority = eviction class (eviction_policy.py: probation < protected < retained) then recency.
 - a node removed from the tree has parent None (only `_top` is attached with parent None).
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ import itertools
 import logging
 from typing import Sequence
 
+from kvstrata.kv import eviction_policy as ep
 from kvstrata.kv.hashing import TOKEN_BYTES, chain_hash, salt_bytes, token_bytes, tokens_from_bytes
 from kvstrata.kv.pool import PagePool
 from kvstrata.kv.radix_node import (  # noqa: F401 - re-exported: callers import them from here
@@ -38,12 +40,13 @@ from kvstrata.kv.radix_node import (  # noqa: F401 - re-exported: callers import
 logger = logging.getLogger(__name__)
 
 class RadixPrefixCache:
-    def __init__(self, pool: PagePool, page_size: int, root: bytes) -> None:
+    def __init__(self, pool: PagePool, page_size: int, root: bytes, policy: str = "lru") -> None:
         if page_size != pool.page_size:
             raise ValueError(f"prefix cache page_size {page_size} must equal the pool's {pool.page_size}")
         self.pool = pool
         self.page_size = page_size
         self.root = root
+        self.policy = ep.check_policy(policy)
         self.on_insert: list[InsertHook] = []
         self.on_evict: list[EvictHook] = []
         self.on_reset: list[ResetHook] = []
@@ -51,8 +54,11 @@ class RadixPrefixCache:
         self._page_node: dict[int, Node] = {}
         self._num_evictable = 0
         self._clock = 0  # LRU time: bumped by lock() and insert(), never by match()
-        self._lru: list[tuple[int, int, Node]] = []  # lazy min-heap over unlocked leaves
+        self._lru: list[tuple[int, int, Node, int]] = []  # lazy min-heap over unlocked leaves
         self._seq = itertools.count()  # heap tie-break, so entries never compare nodes
+        self.evicting: list[tuple[int, float]] = []  # (class, retain_until) of the pages on_evict is given
+        self.inserting: tuple[int, float] = (ep.PROBATION, 0.0)  # (class, retain_until) of on_insert's pages
+        self.hits_by_class = [0, 0, 0]  # pages hit by admissions, by their class before the hit
 
     @property
     def num_cached_pages(self) -> int:
@@ -61,6 +67,14 @@ class RadixPrefixCache:
     @property
     def num_evictable_pages(self) -> int:
         return self._num_evictable
+
+    def class_counts(self) -> list[int]:
+        """Cached pages per eviction class (probation, protected, retained). Read-only; safe from
+        another thread (one atomic copy of the index, then reads)."""
+        counts = [0, 0, 0]
+        for node in list(self._page_node.values()):
+            counts[node.cls] += 1
+        return counts
 
     def cached_pages(self) -> set[int]:
         return set(self._page_node)
@@ -89,9 +103,9 @@ class RadixPrefixCache:
             hashes.append(child.hash)
         return Match(pages, len(pages) * self.page_size, node, hashes)
 
-    def lock(self, node: Node) -> None:
+    def lock(self, node: Node, hit: bool = False) -> None:
         """Changes state: pins `node` and its ancestors against eviction until unlock(node), and
-        marks the path most recently used. Locks nest (count)."""
+        marks the path most recently used (and, for a request's cache `hit`, reused). Locks nest."""
         if node.parent is None and node is not self._top:
             raise ValueError("node is no longer in the cache (a stale Match?); match again")
         self._clock += 1
@@ -102,6 +116,9 @@ class RadixPrefixCache:
                 self._num_evictable -= 1
             n.lock_ref += 1
             n.last_access = self._clock
+            if hit and n.page is not None:
+                self.hits_by_class[n.cls] += 1
+                n.cls = ep.hit_class(self.policy, n.cls)
             n = n.parent
 
     def unlock(self, node: Node) -> None:
@@ -118,8 +135,12 @@ class RadixPrefixCache:
                     self._push(n)
             n = n.parent
 
-    def insert(self, tokens: Sequence[int], pages: list[int], extra_key: str | None = None) -> list[int]:
+    def insert(
+        self, tokens: Sequence[int], pages: list[int], extra_key: str | None = None, cls: int = ep.PROBATION,
+        retain_until: float = 0.0,
+    ) -> list[int]:
         """Changes state: caches the full pages of `tokens`; returns the caller's duplicate pages.
+        Every page of the prefix is raised to eviction class `cls` (and `retain_until`) at least.
 
         Considers the first k = len(tokens) // page_size entries of `pages` (pages[i] holds
         tokens[i*ps:(i+1)*ps]); a partial last page and pages[k:] are ignored and stay the caller's.
@@ -141,14 +162,18 @@ class RadixPrefixCache:
         if len(set(pages[:k])) != k:
             raise ValueError("insert() got the same page id twice")
         sub = self._top.children.get(extra_key or "")
-        dups, _ = self._insert_below(sub, extra_key, tokens[: k * ps], pages[:k])
+        dups, _ = self._insert_below(sub, extra_key, tokens[: k * ps], pages[:k], cls, retain_until)
         return dups
 
-    def extend(self, node: Node, tokens: Sequence[int], pages: list[int], extra_key: str | None = None) -> tuple[list[int], Match]:
+    def extend(
+        self, node: Node, tokens: Sequence[int], pages: list[int], extra_key: str | None = None, cls: int = ep.PROBATION,
+        retain_until: float = 0.0,
+    ) -> tuple[list[int], Match]:
         """Changes state: insert() for pages that continue the cached path ending at `node` (locked
         by the caller, e.g. a running request's cache node), without walking from the root: `tokens`
         are only the tokens after node's prefix, pages[i] holds tokens[i*ps:(i+1)*ps]. Same
-        ownership rules as insert(). Returns (the caller's duplicate pages, the Match of the new
+        ownership rules as insert(); only the new pages are raised to `cls` (see raise_class for
+        the path above `node`). Returns (the caller's duplicate pages, the Match of the new
         pages below `node`: the tree's pages for them, the deepest node, their hashes)."""
         if node.parent is None and node is not self._top:
             raise ValueError("node is no longer in the cache (a stale Match?); match again")
@@ -162,12 +187,23 @@ class RadixPrefixCache:
         if len(set(pages[:k])) != k:
             raise ValueError("extend() got the same page id twice")
         start = self._top.children.get(extra_key or "") if node is self._top else node
-        dups, nodes = self._insert_below(start, extra_key, tokens[: k * self.page_size], pages[:k])
+        dups, nodes = self._insert_below(start, extra_key, tokens[: k * self.page_size], pages[:k], cls, retain_until)
         last = nodes[-1] if nodes else node
         match = Match([n.page for n in nodes], len(nodes) * self.page_size, last, [n.hash for n in nodes])  # type: ignore[misc]
         return dups, match
 
-    def _insert_below(self, start: Node | None, extra_key: str | None, tokens: Sequence[int], pages: list[int]) -> tuple[list[int], list[Node]]:
+    def raise_class(self, node: Node, cls: int, retain_until: float = 0.0) -> None:
+        """Changes state: raises `node` and its ancestors to eviction class `cls` (and `retain_until`)
+        at least; the caller holds a lock on `node`, so no heap entry changes."""
+        n: Node | None = node
+        while n is not None and n.page is not None:
+            n.cls, n.retain_until = max(n.cls, cls), max(n.retain_until, retain_until)
+            n = n.parent
+
+    def _insert_below(
+        self, start: Node | None, extra_key: str | None, tokens: Sequence[int], pages: list[int], cls: int,
+        retain_until: float,
+    ) -> tuple[list[int], list[Node]]:
         """Walk from `start` (the subtree root or a node in it; None = no subtree for extra_key yet)
         along the pages of `tokens` (len(pages) full pages), create the missing nodes; returns the
         caller's duplicate pages and the node of every page, walked or created."""
@@ -192,6 +228,7 @@ class RadixPrefixCache:
         self._clock += 1
         for n in walked:
             n.last_access = self._clock
+            n.cls, n.retain_until = max(n.cls, cls), max(n.retain_until, retain_until)
         if i == k:
             if node.page is not None and node.lock_ref == 0 and not node.children:
                 self._push(node)  # refreshed leaf: re-enter the LRU heap at its new time
@@ -206,6 +243,7 @@ class RadixPrefixCache:
         for j in range(i, k):  # hot loop: chain_hash and attach inlined
             key = data[j * step : (j + 1) * step]
             child = Node(key, pages[j], sha(node.hash + key + salt).digest(), node, now)
+            child.cls, child.retain_until = cls, retain_until
             node.children[key] = child
             page_node[pages[j]] = child
             created.append(child)
@@ -213,6 +251,7 @@ class RadixPrefixCache:
         self._num_evictable += k - i
         self._push(node)
         if self.on_insert:
+            self.inserting = (cls, retain_until)  # for on_insert hooks: the new pages' class
             hashes = [n.hash for n in created]
             token_lists = [tokens_from_bytes(n.key) for n in created]  # type: ignore[arg-type]
             for hook in self.on_insert:
@@ -228,7 +267,7 @@ class RadixPrefixCache:
         victims: list[Node] = []
         lru = self._lru
         while len(victims) < num_pages and lru:
-            stamp, _, node = heapq.heappop(lru)
+            _, _, node, stamp = heapq.heappop(lru)
             if node.parent is None or node.children or node.lock_ref or node.last_access != stamp:
                 continue  # stale entry: removed, grew a child, locked, or touched since pushed
             while True:  # walk up the branch while its next node is the LRU leaf: no heap round trip
@@ -240,7 +279,7 @@ class RadixPrefixCache:
                 if parent.page is None:
                     self._detach(parent)  # an empty subtree root
                     break
-                if len(victims) == num_pages or (lru and lru[0][0] < parent.last_access):
+                if len(victims) == num_pages or (lru and lru[0][0] < self._priority(parent)):
                     self._push(parent)
                     break
                 node = parent
@@ -276,7 +315,7 @@ class RadixPrefixCache:
         def fail(msg: str) -> None:
             raise CacheIntegrityError(msg)
 
-        heap_entries = {(id(n), stamp) for stamp, _, n in self._lru}
+        heap_entries = {(id(n), stamp) for _, _, n, stamp in self._lru}
         seen: dict[int, Node] = {}
         evictable = 0
         for sub in self._top.children.values():
@@ -316,15 +355,19 @@ class RadixPrefixCache:
         if node.page is not None:
             del self._page_node[node.page]
 
+    def _priority(self, node: Node) -> int:
+        return ep.priority(self.policy, node.cls, node.retain_until, node.last_access, ep.now())
+
     def _push(self, node: Node) -> None:
-        heapq.heappush(self._lru, (node.last_access, next(self._seq), node))
+        heapq.heappush(self._lru, (self._priority(node), next(self._seq), node, node.last_access))
         if len(self._lru) > 2 * len(self._page_node) + 64:  # drop stale entries, amortized O(1)
-            nodes = self._page_node.values()
-            self._lru = [(n.last_access, next(self._seq), n) for n in nodes if not n.lock_ref and not n.children]
+            nodes = [n for n in self._page_node.values() if not n.lock_ref and not n.children]
+            self._lru = [(self._priority(n), next(self._seq), n, n.last_access) for n in nodes]
             heapq.heapify(self._lru)
 
     def _release(self, victims: list[Node]) -> Evicted:
         evicted = Evicted([n.page for n in victims], [n.hash for n in victims])  # type: ignore[misc]
+        self.evicting = [(n.cls, n.retain_until) for n in victims]  # for on_evict hooks: each page's class
         if victims:
             for hook in self.on_evict:
                 hook(evicted.hashes, evicted.pages)

@@ -17,7 +17,7 @@ class CacheIntegrityError(AssertionError):
 
 
 class Node:
-    __slots__ = ("key", "page", "hash", "parent", "children", "lock_ref", "pins", "last_access")
+    __slots__ = ("key", "page", "hash", "parent", "children", "lock_ref", "pins", "last_access", "cls", "retain_until")
 
     def __init__(self, key: bytes | str | None, page: int | None, hash: bytes, parent: Node | None, now: int) -> None:
         self.key = key  # page token bytes; the extra_key for a subtree root; None for _top
@@ -28,6 +28,8 @@ class Node:
         self.lock_ref = 0  # pins on this node + lock_ref of its children
         self.pins = 0  # lock() calls on this very node
         self.last_access = now
+        self.cls = 0  # eviction class (eviction_policy.py): probation, protected or retained
+        self.retain_until = 0.0  # retained: wall-clock end of its retention
 
 
 class Match(NamedTuple):

@@ -81,8 +81,9 @@ class StoreWriter:
                 logger.info("kvstore_known_reset pages=%d reason=store_failure", len(self._known))
                 self._known.clear()
 
-    def submit(self, pool: PagePool, hashes: list[bytes], pages: list[int]) -> None:
-        """Engine thread: queue the write of these full pages (chain order) unless already known."""
+    def submit(self, pool: PagePool, hashes: list[bytes], pages: list[int], ttl_s: float | None = None) -> None:
+        """Engine thread: queue the write of these full pages (chain order) unless already known;
+        `ttl_s`: their lifetime in the store (retained prompts), None = the store's default."""
         with self._lock:
             self._check_failures()
             todo = [(h, p) for h, p in zip(hashes, pages) if h not in self._known]
@@ -98,7 +99,7 @@ class StoreWriter:
             return
         self.mark_known(h for h, _ in todo)
         snapshot = snapshot_pages(pool, [p for _, p in todo])  # [n, 2, layers, ps, kvh, hd], ours alone
-        self._executor.submit(self._write, [h for h, _ in todo], snapshot, nbytes, overwrite)
+        self._executor.submit(self._write, [h for h, _ in todo], snapshot, nbytes, overwrite, ttl_s)
 
     def submit_snapshot(self, hashes: list[bytes], snapshot: torch.Tensor, wait_s: float) -> Future[int] | None:
         """Queue the write of pages already copied out (`snapshot`: [n, ...] holding n whole pages,
@@ -124,7 +125,9 @@ class StoreWriter:
         self._distrusted.difference_update(hashes)
         return overwrite
 
-    def _write(self, hashes: list[bytes], snapshot: torch.Tensor, nbytes: int, overwrite: bool) -> int:
+    def _write(
+        self, hashes: list[bytes], snapshot: torch.Tensor, nbytes: int, overwrite: bool, ttl_s: float | None = None
+    ) -> int:
         """I/O thread: returns how many of the pages the store holds now (0 when the write failed)."""
         try:
             keys = [h.hex() for h in hashes]
@@ -132,7 +135,7 @@ class StoreWriter:
             if have < len(keys):
                 data = snapshot.view(torch.uint8).view(len(keys), -1).numpy()  # [n, page_bytes]
                 values = [self.codec.encode(h, data[i].data) for i, h in enumerate(hashes) if i >= have]
-                if not self.store.batch_put(keys[have:], values):
+                if not self.store.batch_put(keys[have:], values, ttl_s):
                     self.forget(hashes[have:])  # not written: a later insert may try again
                     return have
                 self.store.stats.wrote("store", len(values), sum(len(v) for v in values))

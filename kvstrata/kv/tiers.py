@@ -19,6 +19,7 @@ import logging
 import time
 from typing import Callable, Sequence, TypeVar
 
+from kvstrata.kv.eviction_policy import RETAINED, now
 from kvstrata.kv.hashing import hash_pages
 from kvstrata.kv.host_tier import HostTier
 from kvstrata.kv.prefetcher import Fetched, Prefetcher
@@ -58,12 +59,14 @@ class KVTiers:
     def _on_evict(self, hashes: list[bytes], pages: list[int]) -> None:
         if not self._catch_evictions:
             return
-        n = self.host.put_from_pool(self.pool, hashes, pages)
+        n = self.host.put_from_pool(self.pool, hashes, pages, self.cache.evicting)
         self.stats.wrote("host", n, n * self.host.page_bytes)
 
     def _on_insert(self, hashes: list[bytes], pages: list[int], token_lists: list[list[int]], parent: bytes | None) -> None:
         assert self.writer is not None
-        self.writer.submit(self.pool, hashes, pages)
+        cls, until = self.cache.inserting
+        ttl_s = until - now() if cls == RETAINED and until > now() else None  # retained: the store keeps it as long
+        self.writer.submit(self.pool, hashes, pages, ttl_s)
 
     def on_hit(self, match: Match) -> None:
         """An L1 hit: write through the matched pages the store is not known to hold (their first

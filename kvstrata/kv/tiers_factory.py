@@ -44,7 +44,8 @@ def build_tiers(cfg: CacheConfig, cache: RadixPrefixCache | None) -> KVTiers | N
         if cfg.kvstore_storage_backend:
             raise ValueError("--kvstore-storage-backend needs an L2: give --kvstore-ratio or --kvstore-size > 0")
         return None
-    host = HostTier(capacity, shape, dtype, pin_memory=pool.k[0].device.type == "cuda")
+    host = HostTier(capacity, shape, dtype, pin_memory=pool.k[0].device.type == "cuda", policy=cache.policy,
+                    retention_quota=cfg.prompt_cache_retention_quota)
     stats = TierStats()
     writer = prefetcher = None
     backend = cfg.kvstore_storage_backend

@@ -22,6 +22,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from kvstrata.config import RouterConfig
+from kvstrata.router.key_affinity import KeyAffinity, affinity_key
 from kvstrata.router.policy import Decision, make_policy
 from kvstrata.router.prompt import Prompt, PromptHasher
 from kvstrata.router.metrics import RouterMetrics
@@ -42,6 +43,7 @@ class Gateway:
         self.rank_headers = {"Authorization": f"Bearer {rank_key}"} if rank_key else {}
         self.pool = WorkerPool(urls, self.rank_headers)
         self.policy = make_policy(cfg)
+        self.affinity = KeyAffinity(cfg)  # prompt_cache_key -> rank (key_affinity.py)
         self.metrics = RouterMetrics()
         self.hasher: PromptHasher | None = None  # loaded once a rank says which model it serves
         self._hasher_failed = False
@@ -107,11 +109,16 @@ class Gateway:
             )
         return self.pool.workers[rank]
 
-    def choose(self, path: str, body: dict[str, Any], ready: list[Worker]) -> tuple[Worker, Decision, Prompt | None]:
+    def choose(
+        self, path: str, body: dict[str, Any], ready: list[Worker], headers: dict[str, str] | None = None
+    ) -> tuple[Worker, Decision, Prompt | None]:
         prompt = self.hasher.prompt(path, body) if self.hasher is not None and self.policy.needs_match else None
         ps = self.hasher.page_size if self.hasher is not None else 0
         loads = [w.load(w.index.match_pages(prompt.hashes) * ps if prompt else 0) for w in ready]
         decision = self.policy.choose(loads, prompt.num_tokens if prompt else 0)
+        key = affinity_key(body, headers or {})
+        if key is not None:  # the same prompt_cache_key sticks to one rank while it is not overloaded
+            decision = self.affinity.route(key, loads, decision, prompt.num_tokens if prompt else 0)
         return next(w for w in ready if w.rank == decision.rank), decision, prompt
 
     def fallbacks(self, tried: set[int]) -> list[Worker]:
@@ -138,7 +145,7 @@ class Gateway:
             raise APIError(503, "no engine rank is ready; retry when GET /health returns 200", "server_error",
                            code="no_rank_ready")
         else:
-            worker, decision, prompt = self.choose(path, body, ready)
+            worker, decision, prompt = self.choose(path, body, ready, headers)
         cost = (prompt.num_tokens if prompt else len(raw) // 4) + _max_tokens(body)
         send = {k: v for k, v in headers.items() if k in SEND_HEADERS}
         tried: set[int] = set()

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from kvstrata.engine.outputs import RequestOutput
+from kvstrata.serving.class_metrics import ClassCollector
 from kvstrata.serving.tier_metrics import TierCollector
 
 if TYPE_CHECKING:
@@ -83,6 +84,8 @@ class Metrics:
         self.cached_pages.set_function(lambda: cache.num_cached_pages if cache is not None else 0)
         engine.on_output.append(self.observe)
         tiers = getattr(eng, "tiers", None)
+        if cache is not None:  # pages and hits per eviction class (prompt_cache_retention, slru)
+            self.registry.register(ClassCollector(cache, tiers.host if tiers is not None else None))
         if tiers is not None:  # L2/L3 counters, read at scrape time
             for tier in ("host", "store"):
                 self.cache_hits.labels(tier=tier)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kvstrata.engine.sampling_params import InvalidRequestError, SamplingParams
+from kvstrata.engine.sampling_params import PROMPT_CACHE_KEY_MAX_CHARS, InvalidRequestError, SamplingParams
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -105,6 +105,10 @@ class _SamplingRequest(BaseModel):
     min_p: float | None = Field(default=None, ge=0, le=1)  # vLLM's; 0 = off
     logit_bias: dict[str, float] | None = None
     timeout: float | None = Field(default=None, gt=0, le=86400)  # seconds; past it the request is aborted (408)
+    # OpenAI's agent-session hints (prompt_hints.py): the gateway routes by the key; "24h" keeps
+    # the prompt's pages at a higher retention class in L2/L3
+    prompt_cache_key: str | None = Field(default=None, max_length=PROMPT_CACHE_KEY_MAX_CHARS)
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
 
     @field_validator("stop", mode="plain")
     @classmethod
@@ -152,6 +156,8 @@ class _SamplingRequest(BaseModel):
             ignore_eos=self.ignore_eos,
             n=self.n,
             extra_key=self.cache_salt,
+            cache_key=self.prompt_cache_key,
+            retention=self.prompt_cache_retention or "in_memory",
         )
 
 

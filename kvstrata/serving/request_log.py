@@ -1,7 +1,8 @@
 """`--log-requests FILE`: append every request body to a JSON-lines file, for `kvstrata analyze`.
 
 One line per request: `{"ts": unix seconds, "endpoint": "chat" | "completions", "body": {...}}`,
-the body exactly as the client sent it (unknown fields included).
+the body exactly as the client sent it (unknown fields included), plus `"prompt_cache_key"` beside
+it when the body has one (a string; the session the client named, kept as is by the redaction).
 
 `--log-requests-redact` keeps the shape but not the text: in message `content`,
 `reasoning_content`, tool-call `arguments` and every string under `tools` (names and keys stay),
@@ -106,7 +107,10 @@ class RequestLog:
             return
         if self.redact:
             body = redact_body(body)
-        line = json.dumps({"ts": round(time.time(), 3), "endpoint": endpoint, "body": body}, ensure_ascii=False)
+        entry = {"ts": round(time.time(), 3), "endpoint": endpoint, "body": body}
+        if isinstance(body.get("prompt_cache_key"), str):
+            entry["prompt_cache_key"] = body["prompt_cache_key"]
+        line = json.dumps(entry, ensure_ascii=False)
         with self._lock:
             self._file.write(line + "\n")
 

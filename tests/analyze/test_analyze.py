@@ -96,3 +96,15 @@ def test_bad_input_is_a_clear_error(tmp_path: Path) -> None:
     bad.write_text('{"prompt": "hi"}\n')
     with pytest.raises(AnalyzeInputError, match="no chat requests"):
         load_requests(bad)
+
+
+def test_sessions_follow_prompt_cache_key_when_present(tokenizer: Tokenizer) -> None:
+    def body(user: str, key: str | None) -> dict:
+        b = {"messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": user}]}
+        return {**b, "prompt_cache_key": key} if key is not None else b
+
+    # unrelated conversations: without keys each is its own session; the keys regroup them
+    bodies = [body("alpha", "a"), body("beta", "b"), body("gamma", "a"), body("delta", None), body("eps", 7)]
+    assert analyze([body("alpha", None), body("beta", None), body("gamma", None)], tokenizer).sessions == 3
+    a = analyze(bodies, tokenizer)
+    assert a.sessions == 4 and sorted(a.session_turns.values()) == [1, 1, 1, 2]  # a: 2, b, delta, eps (not a str)

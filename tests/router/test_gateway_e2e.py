@@ -168,3 +168,31 @@ def test_killed_rank_loses_no_request_that_had_not_started_streaming(cluster: Cl
     cluster.wait_ready(timeout=60)  # the supervisor restarted it
     assert cluster.supervisor.specs[1].process.pid != victim.pid
     assert rank_of(cluster.chat(history, data_parallel_rank=1)) == 1
+
+
+def test_prompt_cache_key_lands_on_one_rank_and_ranks_stay_balanced(cluster: Cluster) -> None:
+    """8 keys x 3 requests with unrelated prompts (so no cached match groups them), sent 4 at a time:
+    every key's requests land on one rank, keys spread over both ranks, and nothing moved (the loads
+    never passed the balance thresholds)."""
+    seen: dict[str, set[int]] = {}
+    lock = threading.Lock()
+
+    def send(key: str, i: int) -> None:
+        messages = [{"role": "user", "content": f"{key} {i} " + system_prompt(hash((key, i)) % 10_000, 40)}]
+        rank = rank_of(cluster.chat(messages, prompt_cache_key=key, prompt_cache_retention="in_memory"))
+        with lock:
+            seen.setdefault(key, set()).add(rank)
+
+    jobs = [(f"agent-{k}", i) for i in range(3) for k in range(8)]
+    for start in range(0, len(jobs), 4):
+        threads = [threading.Thread(target=send, args=job) for job in jobs[start : start + 4]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(seen) == 8 and all(len(ranks) == 1 for ranks in seen.values()), seen
+    per_rank = [sum(ranks == {r} for ranks in seen.values()) for r in (0, 1)]
+    assert min(per_rank) >= 2, per_rank  # new keys go to the least-loaded rank: both ranks get keys
+    assert cluster.gw.gateway.affinity.moves == 0
+    bad = cluster.chat([{"role": "user", "content": "hi"}], prompt_cache_key="k" * 1025)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt_cache_key"

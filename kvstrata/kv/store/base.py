@@ -28,8 +28,9 @@ class KVStore(Protocol):
         """The value of each key, None where it is missing."""
         ...
 
-    def batch_put(self, keys: list[str], values: list[bytes]) -> None:
-        """Store every pair (overwriting is allowed, never required)."""
+    def batch_put(self, keys: list[str], values: list[bytes], ttl_s: float | None = None) -> None:
+        """Store every pair (overwriting is allowed, never required). `ttl_s`: the values' lifetime
+        (prompt_cache_retention "24h") where the backend has one; None = the backend's default."""
         ...
 
     def close(self) -> None:

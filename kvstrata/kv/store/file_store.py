@@ -6,6 +6,9 @@
 Several processes may share the directory: a value appears atomically by `os.replace`, and a reader
 that loses a race with cleanup just misses. Reads bump the file's mtime, so the size cap drops the
 least recently used values first: past `max_size_gb`, the oldest files go until 90% of the cap is left.
+A value written with a lifetime (`ttl_s`: prompt_cache_retention "24h") gets its expiry as mtime, in
+the future, so cleanup takes it last until it expires (reads never move that mtime back); from then
+on it is an old value like any other.
 """
 from __future__ import annotations
 
@@ -50,13 +53,15 @@ class FileStore:
             f = self._file(key)
             try:
                 out.append(f.read_bytes())
-                os.utime(f)  # least recently used = oldest mtime
+                if f.stat().st_mtime < time.time():  # a retained value keeps its expiry
+                    os.utime(f)  # least recently used = oldest mtime
             except FileNotFoundError:
                 out.append(None)
         return out
 
-    def batch_put(self, keys: list[str], values: list[bytes]) -> None:
+    def batch_put(self, keys: list[str], values: list[bytes], ttl_s: float | None = None) -> None:
         added = 0
+        expires = time.time() + ttl_s if ttl_s is not None else None
         for key, value in zip(keys, values, strict=True):
             f = self._file(key)
             f.parent.mkdir(exist_ok=True)
@@ -64,6 +69,8 @@ class FileStore:
             try:
                 with open(tmp, "wb") as fh:
                     fh.write(value)
+                if expires is not None:
+                    os.utime(tmp, (expires, expires))
                 os.replace(tmp, f)
             finally:
                 tmp.unlink(missing_ok=True)

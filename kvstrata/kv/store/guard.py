@@ -63,10 +63,12 @@ class GuardedStore:
         miss: list[bytes | None] = [None] * len(keys)
         return self._call("read", lambda: self.store.batch_get(keys), miss) if keys else []
 
-    def batch_put(self, keys: list[str], values: list[bytes]) -> bool:
+    def batch_put(self, keys: list[str], values: list[bytes], ttl_s: float | None = None) -> bool:
         if not keys:
             return True
-        return self._call("write", lambda: (self.store.batch_put(keys, values), True)[1], False)
+        if ttl_s is None:
+            return self._call("write", lambda: (self.store.batch_put(keys, values), True)[1], False)
+        return self._call("write", lambda: (self.store.batch_put(keys, values, ttl_s=ttl_s), True)[1], False)
 
     def close(self) -> None:
         """Close the backend, even while backing off (bounded by the call timeout)."""

@@ -56,7 +56,7 @@ class MooncakeStore:
             return []
         return [v if v else None for v in self._s.get_batch(keys)]
 
-    def batch_put(self, keys: list[str], values: list[bytes]) -> None:
+    def batch_put(self, keys: list[str], values: list[bytes], ttl_s: float | None = None) -> None:  # no lifetime
         if not keys:
             return
         exists = self._s.batch_is_exist(keys)

@@ -1,7 +1,7 @@
 """RedisStore: L3 in a Redis server (redis-py), shared by every rank and machine that reaches it.
 
 One pipelined round trip per batch: EXISTS per key (to find the leading run), MGET, SET. Values may
-expire (`ttl_s`) or be evicted by Redis' own maxmemory policy; either is just a miss. Short socket
+expire (`ttl_s`, or a retained prompt's own lifetime given to batch_put) or be evicted by Redis' own maxmemory policy; either is just a miss. Short socket
 timeouts and no retries keep a dead server from holding an I/O thread for long.
 """
 from __future__ import annotations
@@ -40,10 +40,15 @@ class RedisStore:
             return []
         return list(self._r.mget([self.prefix + k for k in keys]))
 
-    def batch_put(self, keys: list[str], values: list[bytes]) -> None:
+    def batch_put(self, keys: list[str], values: list[bytes], ttl_s: float | None = None) -> None:
+        """`ttl_s` (a retained prompt's lifetime) wins over the store's `ttl_s`: SET PX."""
         pipe = self._r.pipeline(transaction=False)
+        px = max(1, int(ttl_s * 1000)) if ttl_s is not None else None
         for key, value in zip(keys, values, strict=True):
-            pipe.set(self.prefix + key, value, ex=self.ttl_s)
+            if px is not None:
+                pipe.set(self.prefix + key, value, px=px)
+            else:
+                pipe.set(self.prefix + key, value, ex=self.ttl_s)
         pipe.execute()
 
     def close(self) -> None:

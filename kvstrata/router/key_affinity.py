@@ -1,0 +1,71 @@
+"""KeyAffinity: `prompt_cache_key` -> rank, sticky and bounded, for the gateway.
+
+OpenAI routes requests by `prompt_cache_key`; so does the gateway: the first request of a key goes
+where the policy sends it (cache_aware: where its prefix is cached), and every later request of the
+key goes to the same rank, so the session's pages are found again. Load stays bounded: when the
+key's rank is past the balance thresholds (its in-flight requests exceed the least-loaded rank's by
+more than `balance_abs_threshold` and by a factor over `balance_rel_threshold`, SGLang's test) or is
+not ready, the key moves to the rank the policy picks and stays there (it does not bounce back).
+
+The key never crosses tenants: the map's key is (the request's Authorization header, its
+cache_salt, the prompt_cache_key), hashed, the way a rank namespaces its pages by tenant and salt.
+The map keeps the `MAX_KEYS` most recently used keys (LRU); a forgotten key is routed afresh.
+Requests without a (string) key are left to the policy. The rank validates the key (400).
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from typing import Any, Mapping, Sequence
+
+from kvstrata.config import RouterConfig
+from kvstrata.router.policy import Decision, RankLoad
+
+MAX_KEYS = 65536
+
+
+def affinity_key(body: Mapping[str, Any], headers: Mapping[str, str]) -> bytes | None:
+    """The tenant-scoped map key of a request, or None when it has no string prompt_cache_key."""
+    key = body.get("prompt_cache_key")
+    if not isinstance(key, str):
+        return None
+    salt = body.get("cache_salt")
+    parts = (headers.get("authorization", ""), salt if isinstance(salt, str) else "", key)
+    return hashlib.sha256("\x00".join(f"{len(p)}:{p}" for p in parts).encode()).digest()
+
+
+class KeyAffinity:
+    def __init__(self, cfg: RouterConfig, max_keys: int = MAX_KEYS) -> None:
+        if max_keys < 1:
+            raise ValueError(f"max_keys must be >= 1, got {max_keys}")
+        self.cfg = cfg
+        self.max_keys = max_keys
+        self._rank: OrderedDict[bytes, int] = OrderedDict()
+        self.moves = 0  # keys moved off an overloaded or unready rank
+
+    def __len__(self) -> int:
+        return len(self._rank)
+
+    def rank_of(self, key: bytes) -> int | None:
+        return self._rank.get(key)
+
+    def overloaded(self, rank: RankLoad, ranks: Sequence[RankLoad]) -> bool:
+        lo = min(r.requests for r in ranks)
+        return rank.requests - lo > self.cfg.balance_abs_threshold and rank.requests > lo * self.cfg.balance_rel_threshold
+
+    def route(self, key: bytes, ranks: Sequence[RankLoad], policy_choice: Decision, prompt_tokens: int = 0) -> Decision:
+        """The rank for `key`: its sticky rank while ready and not overloaded, else `policy_choice`
+        (which becomes the key's rank). Changes state: records and refreshes the key."""
+        current = self._rank.get(key)
+        load = next((r for r in ranks if r.rank == current), None)
+        if load is not None and not self.overloaded(load, ranks):
+            self._rank.move_to_end(key)
+            return Decision(load.rank, "cache_key", load.match_tokens / prompt_tokens if prompt_tokens > 0 else 0.0)
+        if current is not None:
+            self.moves += 1
+        self._rank[key] = policy_choice.rank
+        self._rank.move_to_end(key)
+        while len(self._rank) > self.max_keys:
+            self._rank.popitem(last=False)
+        reason = "cache_key_moved" if current is not None else policy_choice.reason
+        return Decision(policy_choice.rank, reason, policy_choice.match_ratio)

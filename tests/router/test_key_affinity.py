@@ -1,0 +1,76 @@
+"""KeyAffinity: a prompt_cache_key sticks to one rank, moves (and stays moved) only when that rank is
+past the balance thresholds, never crosses tenants, and the map stays bounded."""
+from __future__ import annotations
+
+from kvstrata.config import RouterConfig
+from kvstrata.router.key_affinity import KeyAffinity, affinity_key
+from kvstrata.router.policy import Decision, RankLoad
+
+CFG = RouterConfig(balance_abs_threshold=4, balance_rel_threshold=1.5)
+
+
+def loads(*requests: int) -> list[RankLoad]:
+    return [RankLoad(rank=i, requests=n) for i, n in enumerate(requests)]
+
+
+def test_key_sticks_until_its_rank_is_overloaded_then_stays_moved() -> None:
+    aff = KeyAffinity(CFG)
+    key = affinity_key({"prompt_cache_key": "s1"}, {})
+    assert key is not None
+    assert aff.route(key, loads(0, 0), Decision(1, "cache_miss")).rank == 1
+    # the policy would pick rank 0 now, but the key stays on 1 while 1 is within the thresholds
+    for busy in (1, 3, 4):
+        d = aff.route(key, loads(0, busy), Decision(0, "cache_miss"))
+        assert (d.rank, d.reason) == (1, "cache_key"), busy
+    assert aff.moves == 0
+    # 5 - 0 > 4 and 5 > 0 * 1.5: past both thresholds, the key moves to the policy's pick
+    d = aff.route(key, loads(0, 5), Decision(0, "imbalanced"))
+    assert (d.rank, d.reason, aff.moves) == (0, "cache_key_moved", 1)
+    # and stays moved, even once rank 1 is idle again
+    assert aff.route(key, loads(0, 0), Decision(1, "cache_miss")).rank == 0
+    assert aff.rank_of(key) == 0
+
+
+def test_relative_threshold_keeps_a_key_on_a_busy_but_proportionate_rank() -> None:
+    aff = KeyAffinity(CFG)
+    key = affinity_key({"prompt_cache_key": "s"}, {})
+    aff.route(key, loads(0, 0), Decision(1, "cache_miss"))
+    assert aff.route(key, loads(10, 14), Decision(0, "cache_miss")).rank == 1  # 14 <= 10 * 1.5
+
+
+def test_unready_rank_moves_the_key() -> None:
+    aff = KeyAffinity(CFG)
+    key = affinity_key({"prompt_cache_key": "s"}, {})
+    aff.route(key, loads(0, 0, 0), Decision(2, "cache_miss"))
+    ready = [RankLoad(0), RankLoad(1)]  # rank 2 is down
+    assert aff.route(key, ready, Decision(0, "cache_miss")).rank == 0 and aff.moves == 1
+
+
+def test_keys_are_namespaced_by_api_key_and_cache_salt() -> None:
+    base = affinity_key({"prompt_cache_key": "s"}, {"authorization": "Bearer a"})
+    assert base == affinity_key({"prompt_cache_key": "s", "model": "m"}, {"authorization": "Bearer a"})
+    assert base != affinity_key({"prompt_cache_key": "s"}, {"authorization": "Bearer b"})
+    assert base != affinity_key({"prompt_cache_key": "s", "cache_salt": "x"}, {"authorization": "Bearer a"})
+    # no length-prefix confusion between the parts
+    assert affinity_key({"prompt_cache_key": "b", "cache_salt": "a"}, {}) != affinity_key({"prompt_cache_key": "", "cache_salt": "ab"}, {})
+    for body in ({}, {"prompt_cache_key": None}, {"prompt_cache_key": 5}):
+        assert affinity_key(body, {}) is None
+
+
+def test_tenants_with_the_same_key_are_routed_independently() -> None:
+    aff = KeyAffinity(CFG)
+    a = affinity_key({"prompt_cache_key": "s"}, {"authorization": "Bearer a"})
+    b = affinity_key({"prompt_cache_key": "s"}, {"authorization": "Bearer b"})
+    aff.route(a, loads(0, 0), Decision(0, "cache_miss"))
+    assert aff.route(b, loads(0, 0), Decision(1, "cache_miss")).rank == 1
+    assert aff.rank_of(a) == 0 and aff.rank_of(b) == 1
+
+
+def test_map_is_bounded_lru() -> None:
+    aff = KeyAffinity(CFG, max_keys=3)
+    keys = [affinity_key({"prompt_cache_key": str(i)}, {}) for i in range(5)]
+    for i, k in enumerate(keys[:3]):
+        aff.route(k, loads(0, 0), Decision(i % 2, "cache_miss"))
+    aff.route(keys[0], loads(0, 0), Decision(1, "cache_miss"))  # refresh key 0
+    aff.route(keys[3], loads(0, 0), Decision(0, "cache_miss"))
+    assert len(aff) == 3 and aff.rank_of(keys[1]) is None and aff.rank_of(keys[0]) == 0
