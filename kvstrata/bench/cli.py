@@ -18,6 +18,7 @@ from kvstrata.bench.multiround import add_multiround_args
 from kvstrata.bench.repeat import add_repeat_args
 from kvstrata.bench.soak import add_soak_args
 from kvstrata.bench.throughput import add_throughput_args
+from kvstrata.bench.trace_cli import add_trace_args
 
 DEFAULT_TOKENIZER_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -98,6 +99,8 @@ BENCH_COMMANDS: tuple[BenchCommand, ...] = (
     BenchCommand("compare", "start each engine in turn (kvstrata, vllm, llamacpp), same workload and client, "
                  "then a throughput probe; JSON, Markdown table and PNG plots",
                  add_compare_args, "kvstrata.bench.compare:run_compare"),
+    BenchCommand("trace", "replay a Mooncake FAST'25 trace (hash-id blocks as token ids) live, or --simulate "
+                 "the L1/L2/L3 cache over it at given capacities", add_trace_args, "kvstrata.bench.trace_cli:run_trace"),
 )
 
 

@@ -154,3 +154,4 @@ def plot_throughput(ok: Reports, path: Path) -> Path:
     axes[1].set_ylabel("tokens/s (aggregate)")
     axes[1].set_title("Decode, streamed, ignore_eos")
     return _save(fig, path)
+from kvstrata.bench.trace_plots import plot_trace  # noqa: E402,F401 - the trace workload's plot, by name

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Callable
 from kvstrata.bench.compare_table import Column, Report, fmt, seconds
 from kvstrata.bench.report import uncached_prompt_tokens_per_s
 
+from kvstrata.bench.trace_compare import trace_compare_workload
+
 if TYPE_CHECKING:
     from kvstrata.bench.throughput_probe import ProbeConfig
     from kvstrata.bench.workloads import AgenticConfig
@@ -194,6 +196,7 @@ COMPARE_WORKLOADS: dict[str, CompareWorkload] = {w.name: w for w in (
         needs_tokenizer=False),
     CompareWorkload("throughput", lambda parser: None, _run_throughput, _throughput_check, (), lambda r: "",
                     needs_tokenizer=False, probe_after=False),
+    trace_compare_workload(),
 )}
 
 
