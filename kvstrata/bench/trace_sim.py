@@ -116,8 +116,9 @@ class _Stack:
             self.tiers = KVTiers(self.cache, host, stats, self.writer, prefetcher)
         self.manager = KVCacheManager(self.pool, self.cache, self.tiers)
 
-    def run(self, rid: str, tokens: list[int]) -> tuple[int, int, int]:
-        """One request through the KV path; its hit (device, host, store) in tokens."""
+    def run(self, rid: str, tokens: list[int], computed: int) -> tuple[int, int, int]:
+        """One request through the KV path, its first `computed` tokens cached after it; its hit
+        (device, host, store) in tokens."""
         req = Request(rid, tokens, _PARAMS)
         mgr = self.manager
         while not mgr.ready(req):
@@ -128,7 +129,7 @@ class _Stack:
             mgr.release(req)
             raise ValueError(f"L1 of {self.pool.num_pages} pages cannot hold request {rid} ({len(tokens)} tokens)")
         mgr.allocate(req, need)
-        req.num_computed_tokens = len(tokens)
+        req.num_computed_tokens = computed
         mgr.release(req)
         if self.writer is not None:
             self.writer.drain(_IO_TIMEOUT_S)
@@ -172,7 +173,8 @@ def simulate(
     trace_block = mapping.trace_block
     try:
         for i, (req, tokens) in enumerate(zip(requests, prompts)):
-            device, host, store = stack.run(f"line{req.line}", tokens)
+            computed = len(tokens) - 1 if mode == "pad" else len(tokens)  # pad: the extra token is never cached
+            device, host, store = stack.run(f"line{req.line}", tokens, computed)
             if mode == "pad":  # count in the trace's tokens: k leading blocks are worth min(k*512, L)
                 n_in = req.input_length
                 c1 = min(device // ps * trace_block, n_in)
