@@ -154,4 +154,10 @@ def plot_throughput(ok: Reports, path: Path) -> Path:
     axes[1].set_ylabel("tokens/s (aggregate)")
     axes[1].set_title("Decode, streamed, ignore_eos")
     return _save(fig, path)
-from kvstrata.bench.trace_plots import plot_trace  # noqa: E402,F401 - the trace workload's plot, by name
+
+
+def plot_trace(ok: Reports, path: Path) -> Path:
+    """The trace workload's plot (trace_plots.py)."""
+    from kvstrata.bench.trace_plots import plot_trace as draw
+
+    return draw(ok, path)

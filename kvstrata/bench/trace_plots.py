@@ -11,23 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-Reports = dict[str, dict[str, Any]]
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    _pyplot().close(fig)
-    return path
+from kvstrata.bench.compare_plots import Reports, _pyplot, _save
 
 
 def plot_trace(reports: Reports, path: Path) -> Path:
