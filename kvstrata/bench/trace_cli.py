@@ -85,10 +85,13 @@ def check_trace_args(args: argparse.Namespace) -> list[TraceRequest]:
         raise ValueError(f"cannot read --trace {args.trace}: {exc.strerror or exc}") from None
 
 
-def mapping(args: argparse.Namespace) -> BlockTokens:
-    from kvstrata.bench.trace_tokens import BlockTokens
+def mapping(args: argparse.Namespace, model: bool = True) -> BlockTokens:
+    """The id -> tokens mapping; with no model (`--simulate`) token ids may be any uint32, so even
+    one token per block keeps every id distinct."""
+    from kvstrata.bench.trace_tokens import TOKEN_HIGH, BlockTokens
 
-    return BlockTokens(args.block_tokens, args.seed, trace_block=args.trace_block_size)
+    high = TOKEN_HIGH if model else 2**32
+    return BlockTokens(args.block_tokens, args.seed, high=high, trace_block=args.trace_block_size)
 
 
 def run_trace_replay(args: argparse.Namespace, url: str, requests: list[TraceRequest] | None = None) -> dict[str, Any]:
@@ -119,7 +122,7 @@ def run_simulation(args: argparse.Namespace, requests: list[TraceRequest]) -> di
     from kvstrata.bench.trace_report import sim_report
     from kvstrata.bench.trace_sim import min_l1_tokens, simulate
 
-    mp = mapping(args)
+    mp = mapping(args, model=False)
     page = mp.block_tokens if args.partial_blocks == "pad" else args.page_size
     floor = min_l1_tokens(requests, mp, args.partial_blocks, page)
     caps = parse_capacities(args.capacities) if args.capacities else default_capacities(requests, mp, floor)
