@@ -2,8 +2,8 @@
 
 `kvstrata bench compare --workload trace --trace FILE --engines kvstrata,vllm ...` replays the same
 trace slice (trace_replay.py) against each engine in turn. Both serve float32 (on an AVX2-only
-CPU bf16 matmuls are ~100x slower than float32), and kvstrata gets an L2 of 4x its L1
-(`--kvstore-ratio 4`) so a slice's working set fits L1+L2.
+CPU bf16 matmuls are ~100x slower than float32); kvstrata gets 0.5 GB of L1 (~10.9k float32
+SmolLM2 tokens) and an L2 of 5x that (~54k tokens), so a slice's working set fits L1+L2 in ~3 GB.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from kvstrata.bench.compare_table import Column
 if TYPE_CHECKING:
     from kvstrata.bench.compare_workloads import CompareWorkload
 
-SERVE_ARGS = {"kvstrata": ("--dtype", "float32", "--kvstore-ratio", "4"), "vllm": ("--dtype", "float32")}
+SERVE_ARGS = {"kvstrata": ("--dtype", "float32", "--kv-cache-memory", "0.5", "--kvstore-ratio", "5"),
+              "vllm": ("--dtype", "float32")}
 _HEADERS = ("hit rate (achieved / ideal / page ideal)", "achieved / ideal", "TTFT p50 / p90 / p99", "TPOT p50 / p99",
             "goodput", "duration", "errors")
 

@@ -94,6 +94,7 @@ def replay_cells(r: Report) -> dict[str, str]:
 def replay_markdown(r: Report) -> str:
     cells = replay_cells(r)
     lines = ["| " + " | ".join(cells) + " |", "|---" * len(cells) + "|", "| " + " | ".join(cells.values()) + " |"]
+    lines += [f"error: {e}" for e in r["error_samples"]]
     return "\n".join(lines)
 
 
