@@ -14,25 +14,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from kvstrata.bench.plot_base import Reports
+from kvstrata.bench.plot_base import pyplot as _pyplot
+from kvstrata.bench.plot_base import save as _save
 from kvstrata.bench.report import uncached_prompt_tokens_per_s
-
-Reports = dict[str, dict[str, Any]]
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    _pyplot().close(fig)
-    return path
 
 
 def hit_efficiency_per_turn(report: dict[str, Any]) -> dict[int, float | None]:
@@ -154,3 +139,10 @@ def plot_throughput(ok: Reports, path: Path) -> Path:
     axes[1].set_ylabel("tokens/s (aggregate)")
     axes[1].set_title("Decode, streamed, ignore_eos")
     return _save(fig, path)
+
+
+def plot_trace(ok: Reports, path: Path) -> Path:
+    """The trace workload's plot (trace_plots.py)."""
+    from kvstrata.bench.trace_plots import plot_trace as draw
+
+    return draw(ok, path)

@@ -1,12 +1,13 @@
 """The Markdown table of a `bench compare` run: one row per engine, the workload's columns, then the
 throughput probe's (throughput_probe.py) when it ran.
 
-A `Column` is a header and a function from one engine's report to its cell; every workload of the
+A `CompareWorkload` is one entry of compare_workloads.py's registry. A `Column` is a header and a function from one engine's report to its cell; every workload of the
 registry (compare_workloads.py) lists its own. An engine that could not run gets one "not run" row.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import argparse
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 Report = dict[str, Any]
@@ -16,6 +17,20 @@ Report = dict[str, Any]
 class Column:
     header: str
     cell: Callable[[Report], str]
+
+
+@dataclass(frozen=True)
+class CompareWorkload:
+    name: str
+    add_arguments: Callable[[argparse.ArgumentParser], object]
+    run: Callable[[argparse.Namespace, str], Report]  # (args, engine base URL) -> report
+    check: Callable[[argparse.Namespace], object]  # raises ValueError naming a bad flag; no I/O
+    columns: tuple[Column, ...]
+    describe: Callable[[Report], str]  # one engine's report as the standalone command prints it
+    plot: str | None = None  # "compare_plots function" drawing {engine: report} into one PNG
+    serve_args: dict[str, tuple[str, ...]] = field(default_factory=dict)  # engine -> extra server flags
+    needs_tokenizer: bool = True
+    probe_after: bool = True  # run the throughput probe after it (unless --no-throughput)
 
 
 def fmt(x: float | int | None, spec: str) -> str:

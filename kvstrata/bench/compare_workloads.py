@@ -9,33 +9,19 @@ which is the point). To add a workload, add one entry; compare.py has no per-wor
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from kvstrata.bench.args import add_agentic_workload_args, check_client_arguments
-from kvstrata.bench.compare_table import Column, Report, fmt, seconds
+from kvstrata.bench.compare_table import Column, CompareWorkload, Report, fmt, seconds
 from kvstrata.bench.report import uncached_prompt_tokens_per_s
+from kvstrata.bench.trace_compare import trace_compare_workload
 
 if TYPE_CHECKING:
     from kvstrata.bench.throughput_probe import ProbeConfig
     from kvstrata.bench.workloads import AgenticConfig
 
 RESPONSE_CACHE_SIZE = "1024"  # keys; the hot pool is 8 prompts, the unique ones come and go (LRU)
-
-
-@dataclass(frozen=True)
-class CompareWorkload:
-    name: str
-    add_arguments: Callable[[argparse.ArgumentParser], object]
-    run: Callable[[argparse.Namespace, str], Report]  # (args, engine base URL) -> report
-    check: Callable[[argparse.Namespace], object]  # raises ValueError naming a bad flag; no I/O
-    columns: tuple[Column, ...]
-    describe: Callable[[Report], str]  # one engine's report as the standalone command prints it
-    plot: str | None = None  # "compare_plots function" drawing {engine: report} into one PNG
-    serve_args: dict[str, tuple[str, ...]] = field(default_factory=dict)  # engine -> extra server flags
-    needs_tokenizer: bool = True
-    probe_after: bool = True  # run the throughput probe after it (unless --no-throughput)
 
 
 def _agentic_args(parser: argparse.ArgumentParser) -> object:
@@ -192,6 +178,7 @@ COMPARE_WORKLOADS: dict[str, CompareWorkload] = {w.name: w for w in (
         needs_tokenizer=False),
     CompareWorkload("throughput", lambda parser: None, _run_throughput, _throughput_check, (), lambda r: "",
                     needs_tokenizer=False, probe_after=False),
+    trace_compare_workload(),
 )}
 
 

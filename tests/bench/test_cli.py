@@ -16,11 +16,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+REQUIRED_ARGS = {"trace": ["trace.jsonl"]}  # commands with a positional argument
+
+
 @pytest.mark.parametrize("command", BENCH_COMMANDS, ids=lambda c: c.name)
 def test_every_command_parses_and_resolves(command: BenchCommand) -> None:
     module, function = command.run.split(":")
     assert callable(getattr(importlib.import_module(module), function))
-    assert parser().parse_args(["bench", command.name]).bench_command == command.name
+    argv = ["bench", command.name, *REQUIRED_ARGS.get(command.name, [])]
+    assert parser().parse_args(argv).bench_command == command.name
 
 
 def test_the_scripts_that_lived_in_bench_are_commands() -> None:

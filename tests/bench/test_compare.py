@@ -74,7 +74,7 @@ def _compare(tmp_path: Path, workload: str, *argv: str) -> tuple[int, dict[str, 
 
 
 def test_registry_has_every_workload_with_its_columns() -> None:
-    assert list(COMPARE_WORKLOADS) == ["agentic", "multiround", "repeat", "throughput"]
+    assert list(COMPARE_WORKLOADS) == ["agentic", "multiround", "repeat", "throughput", "trace"]
     headers = {name: [c.header for c in w.columns] for name, w in COMPARE_WORKLOADS.items()}
     assert "hit efficiency" in headers["agentic"] and "TTFT later turns p50 / p90" in headers["agentic"]
     assert {"hit efficiency", "TTFT p50 by round (s)", "TTFT later rounds p50 / p99"} <= set(headers["multiround"])
