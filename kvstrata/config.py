@@ -30,7 +30,8 @@ class ModelConfig:
     served_model_name: str | None = opt(None, "model id served over the API (default: --model's name)")
     dtype: str = opt(
         "auto",
-        "weights/activations dtype; auto = bfloat16 (3x faster matmuls than float32 on this CPU)",
+        "weights/activations dtype; auto = per CPU: bfloat16 where it has avx512_bf16/AMX, else float32 "
+        "prefill with int4 decode (kvstrata/model/dtype_plan.py); bfloat16 on CUDA",
         choices=["auto", "float32", "bfloat16", "float16"],
     )
     device: str = opt("cpu", "torch device: cpu or cuda[:N]")
@@ -45,11 +46,6 @@ class ModelConfig:
         choices=["auto", "on", "off"],
     )
     seed: int = opt(0, "global seed for requests that give none")
-
-    def torch_dtype_name(self) -> str:
-        if self.dtype != "auto":
-            return self.dtype
-        return "bfloat16"
 
 
 @dataclass(frozen=True)
