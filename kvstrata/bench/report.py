@@ -253,4 +253,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def write_json(report: dict[str, Any], path: str) -> None:
-    Path(path).expanduser().write_text(json.dumps(report, indent=2) + "\n")
+    """Write a bench report, with the machine it ran on (bench/machine.py)."""
+    from kvstrata.bench.machine import with_machine
+
+    Path(path).expanduser().write_text(json.dumps(with_machine(report), indent=2) + "\n")

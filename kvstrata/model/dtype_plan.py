@@ -38,7 +38,7 @@ class DtypePlan:
         """One key=value line for the startup log."""
         decode = "int4" if int4_decode else self.dtype
         fields = [f"dtype={self.dtype}", f"prefill={self.dtype}", f"decode={decode}", f"source={self.source}",
-                  f"reason={self.reason.replace(' ', '_')}"]
+                  f"reason={self.reason}"]
         if cpu is not None:
             fields.append(f"cpu_model={cpu.model.replace(' ', '_')!s}")
             fields += [f"{flag}={int(on)}" for flag, on in cpu.speed_flags().items() if flag in ("avx2", "avx512f", *BF16_FLAGS)]
@@ -56,12 +56,12 @@ def plan_cpu(cpu: CpuInfo, speeds: Callable[[], GemmSpeeds]) -> DtypePlan:
     fast = bf16_fast_from_flags(cpu)
     if fast is not None:
         source = "cpu_flags"
-        reason = "native bf16 (avx512_bf16/amx_bf16)" if fast else "no native bf16 (no avx512_bf16/amx_bf16)"
+        reason = "native_bf16" if fast else "no_avx512_bf16_or_amx_bf16"
     else:
         measured = speeds()
         fast = measured.bf16_ratio >= BF16_MIN_RATIO
         source = "benchmark"
-        reason = f"bf16 {measured.bfloat16_gflops:.1f} vs float32 {measured.float32_gflops:.1f} GFLOP/s"
+        reason = f"bf16_{measured.bfloat16_gflops:.1f}_vs_float32_{measured.float32_gflops:.1f}_gflops"
     return DtypePlan("bfloat16" if fast else "float32", True, source, reason)
 
 
@@ -75,9 +75,9 @@ def plan_dtype(
     """The plan for `--dtype requested` on `device`. `cpu` and `speeds` default to this machine's
     (the benchmark cached under `home`, default $KVSTRATA_HOME)."""
     if requested != "auto":
-        return DtypePlan(requested, requested == "bfloat16", "explicit", "--dtype given")
+        return DtypePlan(requested, requested == "bfloat16", "explicit", "dtype_flag")
     if not device.startswith("cpu"):
-        return DtypePlan(_gpu_dtype(device), False, "cuda", "GPU tensor cores")
+        return DtypePlan(_gpu_dtype(device), False, "cuda", "gpu")
     info = cpu or read_cpu_info()
     if speeds is None:
         import torch

@@ -32,7 +32,7 @@ def test_x86_flags_decide(flags: str, dtype: str) -> None:
 def test_other_cpus_use_the_benchmark(f32: float, bf16: float, dtype: str) -> None:
     plan = plan_dtype("auto", "cpu", cpu=cpu("fp asimd bf16", "aarch64"), speeds=lambda: GemmSpeeds(f32, bf16))
     assert (plan.dtype, plan.source) == (dtype, "benchmark")
-    assert f"{bf16:.1f}" in plan.reason
+    assert f"bf16_{bf16:.1f}_vs" in plan.reason
 
 
 @pytest.mark.parametrize("requested", ["float32", "bfloat16", "float16"])
