@@ -107,7 +107,12 @@ class CacheConfig:
 class SchedulerConfig:
     max_num_seqs: int = opt(64, "most requests running at once", min=1)
     max_num_batched_tokens: int = opt(2048, "most tokens computed in one engine step", min=1)
-    chunked_prefill_size: int = opt(512, "most prompt tokens one request prefills per step", min=1)
+    chunked_prefill_size: int | None = opt(
+        None,
+        "most prompt tokens one request prefills per step (default: the whole step budget; prefills "
+        "take it first-come-first-served, so the oldest prompt finishes first)",
+        min=1,
+    )
     dedup_prefill: bool = opt(
         True,
         "a waiting request that shares prompt pages with a request still prefilling them waits for "
