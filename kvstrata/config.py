@@ -30,7 +30,8 @@ class ModelConfig:
     served_model_name: str | None = opt(None, "model id served over the API (default: --model's name)")
     dtype: str = opt(
         "auto",
-        "weights/activations dtype; auto = bfloat16 (3x faster matmuls than float32 on this CPU)",
+        "weights/activations dtype; auto = per CPU: bfloat16 where it has avx512_bf16/AMX, else float32 "
+        "prefill with int4 decode (kvstrata/model/dtype_plan.py); bfloat16 on CUDA",
         choices=["auto", "float32", "bfloat16", "float16"],
     )
     device: str = opt("cpu", "torch device: cpu or cuda[:N]")
@@ -45,11 +46,6 @@ class ModelConfig:
         choices=["auto", "on", "off"],
     )
     seed: int = opt(0, "global seed for requests that give none")
-
-    def torch_dtype_name(self) -> str:
-        if self.dtype != "auto":
-            return self.dtype
-        return "bfloat16"
 
 
 @dataclass(frozen=True)
@@ -119,7 +115,12 @@ class CacheConfig:
 class SchedulerConfig:
     max_num_seqs: int = opt(64, "most requests running at once", min=1)
     max_num_batched_tokens: int = opt(2048, "most tokens computed in one engine step", min=1)
-    chunked_prefill_size: int = opt(512, "most prompt tokens one request prefills per step", min=1)
+    chunked_prefill_size: int | None = opt(
+        None,
+        "most prompt tokens one request prefills per step (default: the whole step budget; prefills "
+        "take it first-come-first-served, so the oldest prompt finishes first)",
+        min=1,
+    )
     dedup_prefill: bool = opt(
         True,
         "a waiting request that shares prompt pages with a request still prefilling them waits for "

@@ -91,6 +91,7 @@ def run_engine(name: str, args: argparse.Namespace, out_dir: Path, stem: str) ->
 
 def run_compare(args: argparse.Namespace) -> int:
     from kvstrata.bench.compare_table import markdown_table, throughput_columns
+    from kvstrata.bench.machine import machine_info, machine_line
     from kvstrata.bench.compare_workloads import COMPARE_WORKLOADS, workload_plot
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -105,13 +106,14 @@ def run_compare(args: argparse.Namespace) -> int:
     results = {name: run_engine(name, args, out_dir, stem) for name in engines}
     argv = sys.argv[3:] if sys.argv[1:3] == ["bench", "compare"] else []  # as typed, when run from the shell
     command = " ".join(["kvstrata bench compare", *argv])
-    summary = {"workload": args.workload, "date": stem.split("-", 1)[1], "command": command, "engines": results}
+    summary = {"workload": args.workload, "date": stem.split("-", 1)[1], "command": command,
+               "machine": machine_info(), "engines": results}
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
     probed = any(r.get("throughput") for r in results.values())
     columns = workload.columns + (throughput_columns(args.decode_batch) if probed else ())
     table = markdown_table(results, columns)
-    (out_dir / f"{stem}.md").write_text(f"`{command}`\n\n{table}\n")
+    (out_dir / f"{stem}.md").write_text(f"`{command}` ({machine_line()})\n\n{table}\n")
     print(table)
     if not args.no_plots:
         for path in workload_plot(workload, results, out_dir, stem):

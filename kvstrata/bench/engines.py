@@ -1,7 +1,8 @@
 """The servers `kvstrata bench compare` starts in turn: how to launch each, wait for it, stop it.
 
 Each engine gets both cores and the same model (SmolLM2-135M-Instruct): kvstrata from the GGUF,
-vLLM CPU from the HF copy (`make bench-peers`, `bench/peers/vllm_serve.sh`), llama.cpp's
+vLLM CPU from the HF copy (`make bench-peers`, `bench/peers/vllm_serve.sh`, with `--dtype` from
+kvstrata's own per-CPU choice, dtype_plan.py: float32 where bf16 GEMM is slow), llama.cpp's
 `llama-server` from the GGUF (`.peers/llama.cpp/bin/llama-server`, PEERS.md; 8 slots of 4096
 tokens, so the throughput probe's 8 decode streams run at once, as on the other engines). A
 workload may add flags for an engine (`RunningServer(..., extra_args)`). A server runs in its own
@@ -42,7 +43,10 @@ def _kvstrata(port: int, gguf: str) -> list[str]:
 
 
 def _vllm(port: int, gguf: str) -> list[str]:
-    return [str(REPO / "bench/peers/vllm_serve.sh"), str(port)]
+    # vLLM CPU's default is bf16, ~100x slower GEMMs on CPUs without native bf16: give it our choice
+    from kvstrata.model.dtype_plan import peer_dtype
+
+    return [str(REPO / "bench/peers/vllm_serve.sh"), str(port), "--dtype", peer_dtype()]
 
 
 def _llamacpp(port: int, gguf: str) -> list[str]:

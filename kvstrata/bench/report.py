@@ -174,7 +174,7 @@ def summarize(rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any
 
     def ttfts(first: bool) -> dict[str, float | None]:
         xs = [row["ttft_s"] for row in ok if row["ttft_s"] is not None and (row["turn"] == 0) == first]
-        return {f"p{q}": percentile(xs, q) for q in (50, 90, 99)}
+        return {"mean": sum(xs) / len(xs) if xs else None, **{f"p{q}": percentile(xs, q) for q in (50, 90, 99)}}
 
     e2e = [row["e2e_s"] for row in ok]
     return {
@@ -238,8 +238,8 @@ def format_table(report: dict[str, Any]) -> str:
         ("cached tokens", num(report["cached_tokens"])),
         ("achievable cached tokens", num(report["achievable_cached_tokens"])),
         ("hit efficiency", num(report["hit_efficiency"], fmt="{:.3f}")),
-        ("TTFT first turn p50/p90/p99 ms", " / ".join(ms(t1[k]) for k in ("p50", "p90", "p99"))),
-        ("TTFT later turns p50/p90/p99 ms", " / ".join(ms(t2[k]) for k in ("p50", "p90", "p99"))),
+        ("TTFT first turn mean/p50/p90/p99 ms", " / ".join(ms(t1.get(k)) for k in ("mean", "p50", "p90", "p99"))),
+        ("TTFT later turns mean/p50/p90/p99 ms", " / ".join(ms(t2.get(k)) for k in ("mean", "p50", "p90", "p99"))),
         ("e2e latency p50/p99 ms", " / ".join(ms(report["e2e_s"][k]) for k in ("p50", "p99"))),
         ("output tokens/s", num(report["output_tokens_per_s"], fmt="{:,.1f}")),
         ("duration s", num(report["duration_s"], fmt="{:,.2f}")),
@@ -253,4 +253,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def write_json(report: dict[str, Any], path: str) -> None:
-    Path(path).expanduser().write_text(json.dumps(report, indent=2) + "\n")
+    """Write a bench report, with the machine it ran on (bench/machine.py)."""
+    from kvstrata.bench.machine import with_machine
+
+    Path(path).expanduser().write_text(json.dumps(with_machine(report), indent=2) + "\n")

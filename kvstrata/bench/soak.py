@@ -162,8 +162,10 @@ def run_soak(args: argparse.Namespace) -> int:
     text = json.dumps({k: v for k, v in report.items() if k != "rss_samples"}, indent=2)
     print(text)  # the command's output is its report
     if args.output:
+        from kvstrata.bench.machine import with_machine
+
         with open(args.output, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2)
+            json.dump(with_machine(report), f, indent=2)
     if proc is not None and proc.returncode != 0:
         log.error("soak_server_exit code=%s (expected 0 after SIGTERM)", proc.returncode)
         return 1

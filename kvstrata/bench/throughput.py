@@ -1,7 +1,8 @@
 """`kvstrata bench throughput`: cold prefill and decode speed, kvstrata beside transformers, one run.
 
 Figures: prefill tokens/s of one cold ~2k-token prompt, decode tokens/s at batch 1, and aggregate
-decode tokens/s at batch 8. Both engines get the same weights, dtype, threads and token ids.
+decode tokens/s at batch 8. Both engines get the same weights, dtype, threads and token ids;
+`--dtype auto` is kvstrata's per-CPU choice (dtype_plan.py), and transformers gets the same dtype.
 """
 from __future__ import annotations
 
@@ -62,10 +63,11 @@ def bench_transformers(args: argparse.Namespace, long_prompt: list[int], short: 
     import torch
     from transformers import AutoModelForCausalLM
 
+    from kvstrata.model.dtype_plan import plan_dtype
     from kvstrata.model.fetch import resolve_model
 
     path = resolve_model(args.model)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[plan_dtype(args.dtype).dtype]
     if path.suffix == ".gguf":
         hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
     else:
@@ -93,6 +95,9 @@ def bench_transformers(args: argparse.Namespace, long_prompt: list[int], short: 
 def run_throughput(args: argparse.Namespace) -> int:
     import torch
 
+    from kvstrata.bench.machine import machine_info, machine_line
+    from kvstrata.model.dtype_plan import plan_dtype
+
     torch.set_num_threads(args.threads or torch.get_num_threads())
     long_prompt = _prompts(args.seed, 1, args.prefill_tokens, 49152)[0]
     short = _prompts(args.seed + 1, 8, args.decode_prompt_tokens, 49152)
@@ -105,8 +110,10 @@ def run_throughput(args: argparse.Namespace) -> int:
         print(f"running {name} ...", flush=True)
         results[name] = runners[name](args, long_prompt, short)
     cols = ["prefill_tps", "decode_tps_b1", "decode_tps_b8"]
-    print(f"\nmodel={args.model} dtype={args.dtype} threads={torch.get_num_threads()} "
-          f"prefill_tokens={args.prefill_tokens} decode_tokens={args.decode_tokens}")
+    plan = plan_dtype(args.dtype)
+    print(f"\nmodel={args.model} dtype={args.dtype} (= {plan.dtype}, {plan.reason}) q4_decode={args.q4_decode} "
+          f"threads={torch.get_num_threads()} prefill_tokens={args.prefill_tokens} decode_tokens={args.decode_tokens}")
+    print(machine_line())
     print(f"{'engine':<14}" + "".join(f"{c:>16}" for c in cols))
     for name, r in results.items():
         print(f"{name:<14}" + "".join(f"{r[c]:>16.1f}" for c in cols))
@@ -114,13 +121,15 @@ def run_throughput(args: argparse.Namespace) -> int:
         k, t = results["kvstrata"], results["transformers"]
         print(f"{'ratio':<14}" + "".join(f"{k[c] / t[c]:>15.2f}x" for c in cols))
     if args.output:
-        Path(args.output).write_text(json.dumps({"args": vars(args) | {"func": None}, "results": results}, indent=2))
+        out = {"args": vars(args) | {"func": None}, "dtype": plan.dtype, "machine": machine_info(), "results": results}
+        Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
     return 0
 
 
 def add_throughput_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="auto = kvstrata's choice for this CPU (default: %(default)s)")
     p.add_argument("--engines", default="kvstrata,transformers")
     p.add_argument("--prefill-tokens", type=int, default=2048)
     p.add_argument("--decode-prompt-tokens", type=int, default=32)

@@ -23,6 +23,8 @@ from kvstrata.kv.radix import RadixPrefixCache
 from kvstrata.kv.tiers_factory import build_tiers
 from kvstrata.model.arch import ModelArch
 from kvstrata.model.attention import make_attention_backend
+from kvstrata.model.cpu_caps import read_cpu_info
+from kvstrata.model.dtype_plan import plan_dtype
 from kvstrata.model.fetch import resolve_model
 from kvstrata.model.llama import LlamaModel
 from kvstrata.model.q4_weights import q4_decode_wanted
@@ -53,11 +55,13 @@ class Engine:
         if model_cfg.num_threads:
             torch.set_num_threads(model_cfg.num_threads)
         path = resolve_model(model_cfg.model)
-        dtype_name = model_cfg.torch_dtype_name()
+        cpu = read_cpu_info() if model_cfg.device.startswith("cpu") else None
+        plan = plan_dtype(model_cfg.dtype, model_cfg.device, cpu=cpu)
+        dtype_name = plan.dtype
         dtype = DTYPES[dtype_name]
         device = torch.device(model_cfg.device)
         try:
-            want_q4 = q4_decode_wanted(model_cfg.q4_decode, device, dtype)
+            want_q4 = q4_decode_wanted(model_cfg.q4_decode, device, dtype, auto_on=plan.q4_auto)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         weights = load_weights(path, keep_q4=want_q4)
@@ -68,6 +72,7 @@ class Engine:
         if model_cfg.q4_decode == "on" and not self.model.uses_int4:
             raise ConfigError(f"--q4-decode on: {path.name} has no Q4_0/Q4_1 linears; use a Q4 GGUF or --q4-decode off")
         del weights.tensors, weights.q4
+        log.info("%s", plan.log_line(cpu, self.model.uses_int4))
 
         ps = cache_cfg.page_size
         per_page = PagePool.bytes_per_page(ps, arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype)

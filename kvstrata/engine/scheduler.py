@@ -1,8 +1,12 @@
 """Scheduler: continuous batching with chunked prefill, a token budget, FCFS and preemption.
 
-Each step gives every running request its next tokens (a decode token, or the next prefill chunk
-of at most `chunked_prefill_size`) within `max_num_batched_tokens`, then admits waiting requests
-first-come-first-served while pages, the budget and `max_num_seqs` allow; a request whose prefix is
+Each step first gives every decoding request its next token (decode rows stay in every step),
+then spends what is left of `max_num_batched_tokens` on prefills first-come-first-served: the
+oldest prefilling request (by arrival) takes as much as it needs, the next one the rest, so the
+earliest prompt finishes first instead of every prompt advancing by a chunk and all finishing
+late; only what does not fit is chunked (`chunked_prefill_size`, default none, caps one request's
+share). Then it admits waiting requests first-come-first-served while pages, the budget and
+`max_num_seqs` allow; a request whose prefix is
 being prefetched from L3 (`KVCacheManager.ready`) keeps its place while the ones behind it go on. When a running request
 cannot get pages, the most recently admitted request is preempted by recompute: its pages go back
 (its computed full pages stay in the prefix cache) and it re-enters the front of the queue with
@@ -56,7 +60,12 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def _chunk(self, req: Request, budget: int) -> int:
-        return min(req.num_uncomputed, self.cfg.chunked_prefill_size, budget)
+        return min(req.num_uncomputed, self.cfg.chunked_prefill_size or budget, budget)
+
+    @staticmethod
+    def _order(req: Request) -> tuple[int, float]:
+        """Decode rows (one token left to compute) first, then prefills oldest-arrival first."""
+        return (0, 0.0) if req.num_uncomputed == 1 else (1, req.stats.arrival)
 
     def _preempt(self, req: Request) -> None:
         self.kv.release(req)
@@ -67,15 +76,21 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.cfg.max_num_batched_tokens
-        preempted = False
-        i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
+        preempted: set[Request] = set()
+        for req in sorted(self.running, key=self._order):
+            if budget <= 0:
+                break
+            if req in preempted:
+                continue
             n = self._chunk(req, budget)
             while not self.kv.can_allocate(req, n):
-                victim = self.running.pop()
+                victim = self.running.pop()  # the most recently admitted, scheduled this step or not
+                if victim in batch.requests:
+                    j = batch.requests.index(victim)
+                    del batch.requests[j]
+                    budget += batch.num_tokens.pop(j)
                 self._preempt(victim)
-                preempted = True
+                preempted.add(victim)
                 if victim is req:
                     break
             else:
@@ -83,7 +98,6 @@ class Scheduler:
                 batch.requests.append(req)
                 batch.num_tokens.append(n)
                 budget -= n
-                i += 1
                 continue
             break
         w = 0  # requests whose prefix is coming from L3 or being prefilled wait in place; the ones behind go on

@@ -7,8 +7,10 @@ are 106 M parameters, 212 MB in bf16 per step. The GGUF stores them as Q4_0/Q4_1
 x @ ((q - 8) * scale + zero).T group by group. Both GGUF formats map onto it losslessly:
     Q4_1 (d, m, q in 0..15): w = d * q + m       -> scale = d, zero = m + 8 d
     Q4_0 (d, q in 0..15):    w = d * (q - 8)     -> scale = d, zero = 0
-(scale and zero are then held in the activation dtype, bf16: a rounding of the block constants
-instead of the per-weight rounding of the dense bf16 copy). Measured on this 2-core EPYC: the 4
+(scale and zero are then held in bf16: a rounding of the block constants instead of the per-weight
+rounding of the dense bf16 copy). The kernel always gets bf16 activations: torch vectorizes it for
+bf16 only, and with float32 activations it ran ~200x slower (40 ms vs 0.2 ms for one 576x3072
+linear at 1 row on an AVX2 EPYC), so a float32 model casts its activations around it. Measured on this 2-core EPYC: the 4
 linears of 30 layers take ~4 ms a step at 1 row vs ~11 ms in bf16; at 16+ rows bf16 GEMM wins,
 so prefill and wide steps keep the dense weights (ModelRunner picks per step; see LlamaModel).
 """
@@ -20,6 +22,7 @@ import numpy as np
 import torch
 
 GROUP = 32  # elements per GGUF Q4 block, and the kernel's group size
+KERNEL_DTYPE = torch.bfloat16  # activations the int4 kernel is fast with, whatever the model's dtype
 
 
 @dataclass
@@ -63,21 +66,23 @@ class PackedInt4:
     """A Q4Weight in the layout of torch's CPU int4 kernel."""
 
     packed: torch.Tensor  # from aten._convert_weight_to_int4pack_for_cpu
-    scale_zero: torch.Tensor  # [K / 32, N, 2] in the activation dtype
+    scale_zero: torch.Tensor  # [K / 32, N, 2] in KERNEL_DTYPE
     out_features: int
 
     @classmethod
     def from_q4(cls, parts: list[Q4Weight], dtype: torch.dtype) -> PackedInt4:
-        """Pack the row-concatenation of `parts` (fused qkv, gate_up) for activations of `dtype`."""
+        """Pack the row-concatenation of `parts` (fused qkv, gate_up) for a model of `dtype`
+        (bfloat16 or float32; the kernel itself runs in KERNEL_DTYPE)."""
         q = torch.cat([p.q for p in parts]).to(torch.int32)  # [N, K]
         scale = torch.cat([p.scale for p in parts])  # [N, K / 32]
         zero = torch.cat([p.zero for p in parts])
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-        scale_zero = torch.stack([scale.t(), zero.t()], dim=-1).to(dtype).contiguous()  # [K / 32, N, 2]
+        scale_zero = torch.stack([scale.t(), zero.t()], dim=-1).to(KERNEL_DTYPE).contiguous()  # [K / 32, N, 2]
         return cls(packed, scale_zero, q.shape[0])
 
-    def linear(self, x: torch.Tensor) -> torch.Tensor:  # x [T, K] -> [T, N]
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scale_zero)
+    def linear(self, x: torch.Tensor) -> torch.Tensor:  # x [T, K] -> [T, N] in x's dtype
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(KERNEL_DTYPE), self.packed, GROUP, self.scale_zero)
+        return out.to(x.dtype)
 
 
 def q4_decode_supported(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -91,10 +96,13 @@ def q4_decode_supported(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
-def q4_decode_wanted(mode: str, device: torch.device, dtype: torch.dtype) -> bool:
-    """`--q4-decode`: auto = CPU bfloat16 only (float32 stays transformers-identical); on = wherever
-    the kernel runs (ValueError where it cannot); off = never."""
+def q4_decode_wanted(mode: str, device: torch.device, dtype: torch.dtype, auto_on: bool | None = None) -> bool:
+    """`--q4-decode`: auto = `auto_on` where the kernel runs (dtype_plan.py's choice; by default CPU
+    bfloat16 only, so an explicit float32 stays transformers-identical); on = wherever the kernel
+    runs (ValueError where it cannot); off = never."""
     why_not = q4_decode_supported(device, dtype)
     if mode == "on" and why_not:
         raise ValueError(f"--q4-decode on is not possible here: {why_not}; use --q4-decode off")
-    return mode == "on" or (mode == "auto" and why_not is None and dtype == torch.bfloat16)
+    if auto_on is None:
+        auto_on = dtype == torch.bfloat16
+    return mode == "on" or (mode == "auto" and why_not is None and auto_on)

@@ -64,6 +64,7 @@ def test_report_fields_and_numbers(tokenizer: Any, tmp_path: Path) -> None:
     assert report["hit_efficiency"] == pytest.approx(2600 / sum(achievable))
     assert report["ttft_s"]["first_turn"]["p50"] == pytest.approx(0.15)  # 0.1 and 0.2
     assert report["ttft_s"]["later_turns"]["p90"] == pytest.approx(0.39)  # 0.3 and 0.4
+    assert report["ttft_s"]["later_turns"]["mean"] == pytest.approx(0.35)
     assert report["e2e_s"] == {"p50": pytest.approx(0.5), "p99": pytest.approx(0.5)}
     assert report["duration_s"] == pytest.approx(3.5)
     assert report["output_tokens"] == 20 and report["output_tokens_per_s"] == pytest.approx(20 / 3.5)
@@ -72,7 +73,7 @@ def test_report_fields_and_numbers(tokenizer: Any, tmp_path: Path) -> None:
     write_json(report, str(out))
     assert json.loads(out.read_text())["hit_efficiency"] == pytest.approx(report["hit_efficiency"])
     table = format_table(report)
-    assert "hit efficiency" in table and "TTFT later turns p50/p90/p99 ms" in table
+    assert "hit efficiency" in table and "TTFT later turns mean/p50/p90/p99 ms" in table
 
 
 def test_missing_cached_tokens_and_errors(tokenizer: Any) -> None:

@@ -46,6 +46,7 @@ def test_compare_runs_each_engine_and_writes_results(
     assert "does/not/exist" in summary["engines"]["absent"]["error"]
     table = result.with_suffix(".md").read_text()
     assert "| fake |" in table and "| absent | not run" in table
+    assert summary["machine"]["cpu_model"] and "machine: " in table  # which CPU the figures come from
     assert result.with_suffix(".png").stat().st_size > 10_000
     assert fake["throughput"]["errors"] == 0 and "| cold prefill tokens/s |" in table
     assert (tmp_path / result.name.replace(".json", "-throughput.png")).stat().st_size > 10_000
@@ -160,5 +161,6 @@ def test_compare_throughput_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                   "--probe-repeats", "1", "--tokenizer", "/does/not/matter.gguf")
     assert rc == 0
     assert all(r["throughput"]["prefill_tokens_per_s"] > 0 for r in summary["engines"].values())
+    assert "(machine: " in table.splitlines()[0] and summary["machine"]["torch_version"]
     assert table.splitlines()[2] == ("| engine | cold prefill tokens/s | decode tokens/s, batch 1 | "
                                      "decode tokens/s, batch 8 | probe errors |")

@@ -145,3 +145,46 @@ def test_stop_conditions(tiny_model_dir: Path) -> None:
                                                   stop=(word,)))[0]
         assert by_str.finish_reason == "stop"
         assert by_str.text == full.text[: full.text.index(word)]
+
+
+def _prefill_done_steps(llm: LLM, ps: list[list[int]], **add: Any) -> tuple[dict[str, int], list[list[str]]]:
+    """Add `ps` together, step until done: the step each request's prefill completed in (its first
+    token), and which requests each step ran."""
+    eng = llm.engine
+    ids = [f"r{i}" for i in range(len(ps))]
+    for rid, p in zip(ids, ps):
+        eng.add_request(rid, p, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    done: dict[str, int] = {}
+    steps: list[list[str]] = []
+    while eng.has_unfinished():
+        batch = eng.scheduler.schedule()
+        steps.append([r.request_id for r in batch.requests])
+        for out in eng.postprocess(batch, eng.runner.run(batch)):
+            done.setdefault(out.request_id, len(steps))
+    eng.check_integrity()
+    return done, steps
+
+
+def test_fcfs_prefill_finishes_the_oldest_prompt_first(tiny_model_dir: Path) -> None:
+    """4 cold prompts arrive together: the step budget goes to the oldest first, so they finish
+    prefill one after another (r0 in step 1), not all together in the last step; decode rows of
+    those already prefilled stay in every later step."""
+    llm = make(tiny_model_dir, max_num_batched_tokens=64, enable_prefix_caching=False)
+    ps = prompts(4, lo=60, hi=60, seed=3)  # 60 tokens each: one fits a step's budget of 64
+    done, steps = _prefill_done_steps(llm, ps)
+    assert done == {"r0": 1, "r1": 2, "r2": 3, "r3": 4}
+    assert steps[0] == ["r0", "r1"]  # r0 whole (60), r1 gets the 4 left over
+    for k in range(1, 4):  # each prefilled request decodes in every step after its prefill
+        assert [f"r{i}" for i in range(k)] == steps[k][:k]
+    # the old per-request cap (chunks of 16 for everyone) finishes them all in the same step
+    capped = make(tiny_model_dir, max_num_batched_tokens=64, chunked_prefill_size=16, enable_prefix_caching=False)
+    done_capped, _ = _prefill_done_steps(capped, ps)
+    assert len(set(done_capped.values())) == 1 and min(done_capped.values()) > done["r0"]
+
+
+def test_fcfs_with_a_small_budget_keeps_outputs(tiny_model_dir: Path, reference: dict[str, Any]) -> None:
+    """FCFS with a budget smaller than the prompts: same greedy tokens as each prompt alone."""
+    llm = make(tiny_model_dir, max_num_batched_tokens=48)
+    outs = llm.generate(reference["prompts"], GREEDY)
+    assert [o.token_ids for o in outs] == reference["outputs"]
+    llm.engine.check_integrity()

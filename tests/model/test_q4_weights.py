@@ -42,14 +42,19 @@ def test_read_q4_declines_other_types() -> None:
     assert read_q4(np.zeros((4, 20), np.uint8), "Q4_1", (4, 16)) is None  # K not a multiple of 32
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 5e-2)])
-def test_packed_linear_equals_dense(dtype: torch.dtype, tol: float) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_equals_dense(dtype: torch.dtype) -> None:
+    """The kernel runs on bf16 activations for either model dtype (float32 casts around it), so
+    both get bf16's tolerance, and the output comes back in the model's dtype."""
+    tol = 5e-2
     torch.manual_seed(1)
     (a, da), (b, db) = _quantize(torch.randn(64, 96), "Q4_1"), _quantize(torch.randn(32, 96), "Q4_0")
     packed = PackedInt4.from_q4([a, b], dtype)  # row-concatenated, as the fused qkv / gate_up are
     x = torch.randn(3, 96)
     want = x @ torch.cat([da, db]).t()
-    got = packed.linear(x.to(dtype)).float()
+    out = packed.linear(x.to(dtype))
+    assert out.dtype == dtype and packed.scale_zero.dtype == torch.bfloat16
+    got = out.float()
     assert got.shape == (3, 96) and packed.out_features == 96
     torch.testing.assert_close(got, want, atol=tol * want.abs().max().item(), rtol=tol)
 
@@ -64,7 +69,8 @@ def test_real_gguf_q4_equals_its_dense_weights(smollm2_path: Path) -> None:
 
 
 def test_decode_steps_on_int4_match_dense_logits(tiny_model_dir: Path) -> None:
-    """A model whose dense weights are Q4 values: decode rows through int4 == dense, in float32."""
+    """A model whose dense weights are Q4 values: decode rows through int4 == dense, in float32
+    (up to the bf16 rounding of the activations the int4 kernel takes)."""
     w = load_weights(tiny_model_dir)
     q4: dict[str, Q4Weight] = {}
     for name, t in w.tensors.items():
@@ -89,12 +95,15 @@ def test_decode_steps_on_int4_match_dense_logits(tiny_model_dir: Path) -> None:
         decode = model.forward(ids[n:], torch.tensor([n]), meta, pool.k, pool.v, torch.tensor([0]))
         logits.append((prefill, decode))
     assert torch.equal(logits[0][0], logits[1][0])  # the wide step did not touch the int4 weights
-    torch.testing.assert_close(logits[1][1], logits[0][1], atol=1e-4, rtol=1e-4)
+    want = logits[0][1]
+    torch.testing.assert_close(logits[1][1], want, atol=2e-2 * want.abs().max().item(), rtol=2e-2)
 
 
 def test_q4_decode_mode() -> None:
     assert q4_decode_wanted("auto", CPU, torch.bfloat16)
     assert not q4_decode_wanted("auto", CPU, torch.float32)  # float32 stays transformers-identical
+    assert q4_decode_wanted("auto", CPU, torch.float32, auto_on=True)  # --dtype auto chose float32 prefill
+    assert not q4_decode_wanted("auto", CPU, torch.bfloat16, auto_on=False)
     assert not q4_decode_wanted("off", CPU, torch.bfloat16)
     assert q4_decode_wanted("on", CPU, torch.float32)
     with pytest.raises(ValueError, match="--q4-decode on"):
