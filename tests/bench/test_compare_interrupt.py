@@ -21,16 +21,16 @@ def _listening(port: int) -> bool:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
-def test_interrupted_compare_stops_the_peer_it_started(tmp_path: Path, tokenizer_path: str, sig: int) -> None:
+def test_interrupted_compare_stops_the_peer_it_started(tmp_path: Path, tiny_model_dir: Path, sig: int) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(DRIVER).parent), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, DRIVER, str(port), str(tmp_path), tokenizer_path], env=env,
+    proc = subprocess.Popen([sys.executable, DRIVER, str(port), str(tmp_path), str(tiny_model_dir)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     peers: set[int] = set()
     try:
-        wait_for(lambda: _listening(port) or proc.poll() is not None, "the fake peer listening")
+        wait_for(lambda: _listening(port) or proc.poll() is not None, "the fake peer listening", 300)
         assert proc.poll() is None, proc.stdout.read().decode()
         peers = descendants(proc.pid)
         assert peers, "the peer is a child of compare"
