@@ -87,7 +87,8 @@ def main() -> int:
         procs.append(start([sys.executable, "-m", "kvstrata.cli", "route", "--port", str(route_port), "--log-level",
                             "warning", *[a for u in servers for a in ("--worker", u)]], logs / "smg_vs_route-route.log"))
         procs.append(start([smg, "launch", "--host", "127.0.0.1", "--port", str(smg_port), "--worker-urls", *servers,
-                            "--policy", "cache_aware", "--log-level", "warn"], logs / "smg_vs_route-smg.log"))
+                            "--policy", "cache_aware", "--log-level", "warn", "--prometheus-host", "127.0.0.1",
+                            "--prometheus-port", str(free_port())], logs / "smg_vs_route-smg.log"))
         gateways = {"kvstrata route": f"http://127.0.0.1:{route_port}", "smg cache_aware": f"http://127.0.0.1:{smg_port}"}
         wait_ok(gateways["kvstrata route"], procs)
         wait_ok(gateways["smg cache_aware"], procs, "/readiness")

@@ -44,7 +44,7 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def wait_for(condition: Callable[[], Any], what: str, timeout_s: float = 120.0) -> Any:
+def wait_for(condition: Callable[[], Any], what: str, timeout_s: float = 600.0) -> Any:
     """Poll `condition` until it is truthy; the timeout only keeps a broken run from hanging."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

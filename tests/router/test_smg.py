@@ -38,7 +38,8 @@ class Smg:
         self.log = log
         self.proc = subprocess.Popen(
             [_smg_binary(), "launch", "--host", "127.0.0.1", "--port", str(self.port), "--worker-urls", *workers,
-             "--policy", "cache_aware", "--log-level", "info", "--disable-retries", *extra],
+             "--policy", "cache_aware", "--log-level", "info", "--disable-retries",
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), *extra],
             stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=pdeathsig_preexec,
         )
 
@@ -94,7 +95,7 @@ def backends(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         for proc in procs:
             proc.proc.wait(timeout=120)
             proc.close()
-        assert not [pid for tree in trees for pid in tree if alive(pid)]
+        wait_for(lambda: not [pid for tree in trees for pid in tree if alive(pid)], "no process of theirs left")
 
 
 @pytest.fixture(scope="module")
