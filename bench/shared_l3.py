@@ -57,8 +57,8 @@ def main() -> int:
             config = {"url": stack.enter_context(redis_server()).url}
         flags = ["--num-threads", "1", "--kvstore-storage-backend", ns.backend,
                  "--kvstore-storage-backend-extra-config", json.dumps(config)]
-        a = stack.enter_context(server(flags, logs / "shared_l3-a.log"))
-        b = stack.enter_context(server(flags, logs / "shared_l3-b.log"))
+        a = stack.enter_context(server(flags, logs / "shared_l3-a.log", startup_timeout_s=1800))
+        b = stack.enter_context(server(flags, logs / "shared_l3-b.log", startup_timeout_s=1800))
         recompute, from_l3, taken = [], [], []
         for _ in range(ns.reps):
             p, q = ([rng.randrange(300, 40000) for _ in range(ns.prompt_tokens)] for _ in range(2))
