@@ -18,7 +18,8 @@ from typing import Callable, Iterator
 import httpx
 import pytest
 
-from kvstrata.router.launcher import free_port
+from kvstrata.config import ConfigError, ServerConfig
+from kvstrata.router.launcher import free_port, rank_ports
 from proc_support import KvstrataProcess, alive, descendants, wait_for
 
 
@@ -123,3 +124,19 @@ def test_a_port_in_use_fails_at_startup_naming_it(tiny_model_dir: Path, tmp_path
             assert proc.proc.wait(timeout=120) == 2
             assert f"{port}" in proc.text() and "is in use" in proc.text(), proc.text()
             proc.close()
+
+
+@pytest.mark.parametrize("ports, needle", [
+    ("1,2,3", "must name 2 different ports"), ("5,5", "must name 2 different ports"), ("a,b", "comma-separated"),
+    ("0,70000", "is not a port"),
+])
+def test_bad_rank_ports_are_config_errors(ports: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        rank_ports(2, ServerConfig(port=free_port(), rank_ports=ports))
+
+
+def test_rank_ports_default_to_distinct_free_ports() -> None:
+    cfg = ServerConfig(port=free_port())
+    ports = rank_ports(3, cfg)
+    assert len(set(ports)) == 3 and cfg.port not in ports
+    assert rank_ports(2, ServerConfig(port=free_port(), rank_ports=f"{ports[0]},{ports[1]}")) == ports[:2]
