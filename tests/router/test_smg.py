@@ -163,7 +163,9 @@ def _pinned_per_rank(url: str) -> dict[str, float]:
 def test_smg_dp_aware_learns_two_ranks_and_pins_each_request(
     backends: dict[str, str], tmp_path: Path
 ) -> None:
-    gw = Smg([backends["dp"]], tmp_path / "smg-dp.log", "--dp-aware")
+    # round_robin so the split is known; smg's cache_aware sends these chats, which share the
+    # template's default system prompt, all to one rank
+    gw = Smg([backends["dp"]], tmp_path / "smg-dp.log", "--dp-aware", "--policy", "round_robin")
     try:
         workers = gw.wait_models(2)["workers"]
         assert sorted(w["url"] for w in workers) == [backends["dp"] + "@0", backends["dp"] + "@1"]
@@ -174,8 +176,7 @@ def test_smg_dp_aware_learns_two_ranks_and_pins_each_request(
             client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=2)
         after = _pinned_per_rank(backends["dp"])
         pinned = {r: after.get(r, 0) - before.get(r, 0) for r in ("0", "1")}
-        assert sum(pinned.values()) == 8, pinned  # every request came pinned to a rank by smg
-        assert min(pinned.values()) >= 1, pinned  # and both ranks got some
+        assert pinned == {"0": 4, "1": 4}, pinned  # every request came pinned to a rank by smg, in turn
     finally:
         gw.close()
 

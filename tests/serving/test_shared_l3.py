@@ -112,7 +112,7 @@ def test_two_servers_share_pages_through_l3(
         if backend == "redis":
             import redis
 
-            redis.Redis.from_url(config["url"]).delete(*keys(p1))
+            assert redis.Redis.from_url(config["url"]).delete(*[client.prefix + k for k in keys(p1)]) == len(keys(p1))
             alone = b.complete(p1)
             assert alone["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
             written(p1)
