@@ -5,7 +5,8 @@ store: one real redis-server, and separately one real mooncake_master.
 - a long prefix computed on A is served to B from L3 (cached_tokens, B's store-tier hits), with
   the same greedy output;
 - A and B writing the same pages at once both succeed, and the pages read back whole;
-- B restarting mid-run (while A keeps serving) finds the shared pages again.
+- B restarting mid-run (while A keeps serving) finds the shared pages again (with Mooncake, only
+  those not held in the memory the old B lent to the cluster).
 """
 from __future__ import annotations
 
@@ -165,8 +166,12 @@ def test_two_servers_share_pages_through_l3(
             stop.set()
             load.join()
         assert served and all(n == 1 for n in served)  # a served throughout
-        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == PROMPT_TOKENS - PAGE
-        assert b.store_hits() == PROMPT_TOKENS - PAGE
+        cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+        if backend == "redis":
+            assert cached == PROMPT_TOKENS - PAGE
+        else:  # Mooncake keeps objects in the memory its clients lend: the old b's share left with it
+            assert cached % PAGE == 0 and cached < PROMPT_TOKENS
+        assert b.store_hits() == cached  # whatever b had, it had from the store
         assert again["choices"][0]["text"] == outs[a.url]["choices"][0]["text"]
         assert client.batch_get(keys(p1)) == values_a  # nothing rewrote a's pages
     finally:
