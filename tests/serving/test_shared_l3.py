@@ -173,7 +173,11 @@ def test_two_servers_share_pages_through_l3(
             assert cached % PAGE == 0 and cached < PROMPT_TOKENS
         assert b.store_hits() == cached  # whatever b had, it had from the store
         assert again["choices"][0]["text"] == outs[a.url]["choices"][0]["text"]
-        assert client.batch_get(keys(p1)) == values_a  # nothing rewrote a's pages
+        now = client.batch_get(keys(p1))
+        if backend == "redis":
+            assert now == values_a  # nothing rewrote a's pages
+        else:  # a page is a's bytes or gone with the old b's lent memory, never different bytes
+            assert all(v is None or v == w for v, w in zip(now, values_a))
     finally:
         for m in machines:
             m.stop()
