@@ -34,16 +34,16 @@ def _serve(ns: argparse.Namespace) -> int:
     logging.basicConfig(
         level=server_cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    from kvstrata.router.launcher import port_is_free, run_data_parallel
+
+    if server_cfg.port and not port_is_free(server_cfg.host, server_cfg.port):
+        raise ConfigError(f"--port {server_cfg.port} on {server_cfg.host} is in use; stop what listens there or pick another")
     if server_cfg.dp_size > 1:  # N rank processes behind the gateway (kvstrata/router/launcher.py)
-        from kvstrata.router.launcher import run_data_parallel
-
         _check_server_flags(server_cfg)  # ConfigError here, not a crash loop in every rank
-
-        run_data_parallel(
+        return run_data_parallel(  # 0 when every rank stopped cleanly
             from_namespace(ModelConfig, ns), from_namespace(CacheConfig, ns), from_namespace(SchedulerConfig, ns),
             server_cfg, from_namespace(RouterConfig, ns),
         )
-        return 0
     return run_server(  # 0 after a graceful SIGTERM, 1 when the engine died (a supervisor restarts it)
         from_namespace(ModelConfig, ns),
         from_namespace(CacheConfig, ns),

@@ -153,6 +153,9 @@ class ServerConfig:
     dp_size: int = opt(
         1, "data-parallel engine ranks: N > 1 starts N rank processes and the gateway (kvstrata/router) on --port"
     )
+    rank_ports: str = opt(
+        "", "with --dp-size N: the N loopback ports of the ranks, comma-separated (default: free ports, logged)"
+    )
     # `kvstrata analyze FILE` reads this log (kvstrata/serving/request_log.py says what redaction keeps)
     log_requests: str | None = opt(None, "append every request body to this JSON-lines file (for `kvstrata analyze`)")
     log_requests_redact: bool = opt(
@@ -193,6 +196,10 @@ class RouterConfig:
         None, "tokenizer for cache_aware matching: a .gguf or HF folder (default: the ranks' --model)"
     )
     health_check_interval: float = opt(1.0, "seconds between health probes of each rank")
+    dp_aware: bool = opt(
+        False, "accepted for SGLang Model Gateway / TokenSpeed command lines; the kvstrata gateway always "
+        "routes to each rank itself (and pins a request's data_parallel_rank)"
+    )
 
 
 CONFIG_CLASSES: tuple[type, ...] = (ModelConfig, CacheConfig, SchedulerConfig, ServerConfig, RouterConfig)

@@ -1,7 +1,8 @@
 """Real L3 servers for tests, each on a free loopback port: redis-server and mooncake_master.
 
 `make test` installs Debian's redis-server (and the libraries the Mooncake wheel needs); nothing has
-to be running beforehand. Each context manager yields what a client needs and kills its server.
+to be running beforehand. Each context manager yields what a client needs and kills its server;
+if the test process dies first (even by SIGKILL), the kernel stops the server (process_tree.py).
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Iterator
+
+from kvstrata.process_tree import pdeathsig_preexec
 
 
 def free_port() -> int:
@@ -52,7 +55,7 @@ class RedisServer:
         self.proc = subprocess.Popen(
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--protected-mode", "no"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=pdeathsig_preexec,
         )
         _wait_port(self.port, self.proc, 10.0, "redis-server")
 
@@ -94,7 +97,7 @@ def mooncake_master() -> Iterator[str]:
     proc = subprocess.Popen(
         [exe, f"--rpc_port={port}", "--rpc_address=127.0.0.1", f"--metrics_port={metrics_port}",
          "--enable_http_metadata_server=false", "--default_kv_lease_ttl=1000"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=pdeathsig_preexec,
     )
     try:
         _wait_port(port, proc, 20.0, "mooncake_master")

@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from kvstrata.bench.args import add_client_arguments
@@ -89,6 +91,10 @@ def run_engine(name: str, args: argparse.Namespace, out_dir: Path, stem: str) ->
     return report
 
 
+def _interrupt(sig: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 def run_compare(args: argparse.Namespace) -> int:
     from kvstrata.bench.compare_table import markdown_table, throughput_columns
     from kvstrata.bench.machine import machine_info, machine_line
@@ -103,7 +109,14 @@ def run_compare(args: argparse.Namespace) -> int:
     workload = COMPARE_WORKLOADS[args.workload]
     out_dir = Path(args.out_dir)
     stem = f"{args.workload}-{datetime.now(timezone.utc):%Y-%m-%d}"
-    results = {name: run_engine(name, args, out_dir, stem) for name in engines}
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM unwinds like Ctrl-C: servers are stopped
+    try:
+        results = {name: run_engine(name, args, out_dir, stem) for name in engines}
+    except KeyboardInterrupt:
+        print("compare: interrupted; the servers it started are stopped", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     argv = sys.argv[3:] if sys.argv[1:3] == ["bench", "compare"] else []  # as typed, when run from the shell
     command = " ".join(["kvstrata bench compare", *argv])
     summary = {"workload": args.workload, "date": stem.split("-", 1)[1], "command": command,

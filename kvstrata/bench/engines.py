@@ -6,7 +6,8 @@ kvstrata's own per-CPU choice, dtype_plan.py: float32 where bf16 GEMM is slow), 
 `llama-server` from the GGUF (`.peers/llama.cpp/bin/llama-server`, PEERS.md; 8 slots of 4096
 tokens, so the throughput probe's 8 decode streams run at once, as on the other engines). A
 workload may add flags for an engine (`RunningServer(..., extra_args)`). A server runs in its own
-process group, logging to a file, and is stopped with SIGINT, then SIGKILL.
+process group, logging to a file, and is stopped with SIGINT, then SIGKILL; if `bench compare`
+itself dies (even by SIGKILL) the kernel sends it SIGTERM (process_tree.py).
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import httpx
+
+from kvstrata.process_tree import pdeathsig_preexec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,7 +79,7 @@ class RunningServer:
         self._log = log_path.open("w")
         self.proc = subprocess.Popen(
             [*spec.command(port, gguf), *extra_args], cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=pdeathsig_preexec,
         )
         self.log_path = log_path
 

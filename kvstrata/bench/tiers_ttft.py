@@ -36,14 +36,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def server(extra: list[str], log: Path) -> Iterator[str]:
+def server(extra: list[str], log: Path, startup_timeout_s: float = 300) -> Iterator[str]:
     port = free_port()
     cmd = [sys.executable, "-m", "kvstrata.cli", "serve", "--port", str(port), "--log-level", "warning", *extra]
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + startup_timeout_s
         while True:
             try:
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
@@ -56,7 +56,11 @@ def server(extra: list[str], log: Path) -> Iterator[str]:
         yield url
     finally:
         proc.terminate()  # SIGTERM: in-flight L3 writes are drained
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def ttft(url: str, ids: list[int]) -> tuple[float, int]:

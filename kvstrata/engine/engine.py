@@ -111,9 +111,11 @@ class Engine:
             page_size=ps,
         )
         self._requests: dict[str, Request] = {}
-        log.info(
-            "engine ready model=%s dtype=%s pages=%d page_size=%d max_model_len=%d threads=%d load_s=%.1f",
-            path.name, dtype_name, num_pages, ps, limit, torch.get_num_threads(), time.monotonic() - t0,
+        root = self.prefix_cache.root.hex()[:16] if self.prefix_cache is not None else "-"
+        log.info(  # kv_namespace: servers share L2/L3 pages only when theirs match (model, dtype, page size, layout)
+            "engine ready model=%s dtype=%s pages=%d page_size=%d max_model_len=%d threads=%d kv_namespace=%s "
+            "load_s=%.1f", path.name, dtype_name, num_pages, ps, limit, torch.get_num_threads(), root,
+            time.monotonic() - t0,
         )
 
     # -- requests --------------------------------------------------------------------------

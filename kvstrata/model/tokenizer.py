@@ -98,7 +98,7 @@ def _from_gguf(path: Path) -> Tokenizer:
     from tokenizers import Tokenizer as Backend
 
     header = read_gguf_header(path)
-    cache_file = model_home() / "tokenizers" / f"{gguf_identity(header)}-tf{version('transformers')}.json"
+    cache_file = _gguf_tokenizer_cache(header)
     if cache_file.is_file():
         backend = Backend.from_file(str(cache_file))
     else:
@@ -112,6 +112,18 @@ def _from_gguf(path: Path) -> Tokenizer:
     extra_keys = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
     extra = tuple(header.metadata[k] for k in extra_keys if k in header.metadata)
     return Tokenizer(backend, header.metadata.get("tokenizer.chat_template"), special, extra)
+
+
+def _gguf_tokenizer_cache(header: GGUFHeader) -> Path:
+    return model_home() / "tokenizers" / f"{gguf_identity(header)}-tf{version('transformers')}.json"
+
+
+def tokenizer_json(model_path: str | Path) -> Path | None:
+    """The tokenizer.json other programs can load for this model: a HF folder's own, or the one a
+    GGUF's tokenizer was converted to (written by the first `Tokenizer.from_path`); None if absent."""
+    path = Path(model_path).expanduser()
+    found = path / "tokenizer.json" if path.is_dir() else _gguf_tokenizer_cache(read_gguf_header(path))
+    return found if found.is_file() else None
 
 
 def _convert_gguf_tokenizer(path: Path) -> Any:

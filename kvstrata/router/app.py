@@ -6,15 +6,22 @@ the rank puts the request in that key's tenant. Its own calls to ranks (info, /m
 carry one of its keys: give the ranks the same keys. `/metrics` merges the ranks' series (each
 with a `rank` label), which is what the `/dashboard` page sums over.
 
-`run_gateway` serves until interrupted (`kvstrata route`, `kvstrata serve --dp-size N`);
-`GatewayThread` runs it in a thread of this process (tests).
+`run_gateway` serves until SIGTERM/SIGINT (`kvstrata route`, `kvstrata serve --dp-size N`): the
+first signal makes new requests 503 `shutting_down` while those in flight finish, runs
+`stop_backends` (the launcher stops its ranks: they drain too) or else waits up to
+--shutdown-timeout, then exits; a second signal stops at once. It never re-raises the signal, so
+the caller's cleanup always runs. `GatewayThread` runs it in a thread of this process (tests).
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import signal
+import threading
 import time
-from typing import Any, AsyncIterator
+from types import FrameType
+from typing import Any, AsyncIterator, Callable
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -30,11 +37,15 @@ from kvstrata.serving.limits import PARSER_BUFFER_BYTES, RequestLimitsMiddleware
 from kvstrata.serving.metrics import CONTENT_TYPE
 from kvstrata.serving.response_cache.service import CacheHeaderOnErrors
 from kvstrata.serving.server import UvicornThread
+from kvstrata.serving.shutdown import Lifecycle, LifecycleMiddleware
+from kvstrata.serving.worker_info import MODEL_INFO_PATHS, SERVER_INFO_PATHS
 
 logger = logging.getLogger(__name__)
 
 
-def build_gateway_app(gateway: Gateway, server_cfg: ServerConfig, keys: ApiKeys) -> FastAPI:
+def build_gateway_app(
+    gateway: Gateway, server_cfg: ServerConfig, keys: ApiKeys, lifecycle: Lifecycle | None = None
+) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gateway.start()
@@ -50,6 +61,7 @@ def build_gateway_app(gateway: Gateway, server_cfg: ServerConfig, keys: ApiKeys)
                        max_json_depth=server_cfg.max_json_depth, body_timeout_s=server_cfg.request_body_timeout)
     app.add_middleware(AuthMiddleware, keys=keys, metrics_public=server_cfg.metrics_public)
     app.add_middleware(CacheHeaderOnErrors)  # the gateway's own errors say "bypass" too
+    app.add_middleware(LifecycleMiddleware, lifecycle=lifecycle or Lifecycle())  # 503 once draining
     install_dashboard_route(app)  # GET /dashboard, charts of the merged /metrics below
 
     @app.post("/v1/chat/completions")
@@ -69,6 +81,16 @@ def build_gateway_app(gateway: Gateway, server_cfg: ServerConfig, keys: ApiKeys)
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str, request: Request) -> Response:
         return await gateway.get_json(f"/v1/models/{model_id}", dict(request.headers))
+
+    async def worker_info(request: Request) -> Response:
+        """A rank's /server_info or /model_info; dp_size is the gateway's rank count (smg --dp-aware)."""
+        resp = await gateway.get_json(request.url.path, dict(request.headers))
+        if request.url.path in SERVER_INFO_PATHS and resp.status_code == 200:
+            return JSONResponse({**json.loads(resp.body), "dp_size": len(gateway.pool.workers)})
+        return resp
+
+    for path in (*SERVER_INFO_PATHS, *MODEL_INFO_PATHS):
+        app.add_api_route(path, worker_info, methods=["GET"], name=f"worker_info{path}")
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -105,24 +127,63 @@ def build_gateway_app(gateway: Gateway, server_cfg: ServerConfig, keys: ApiKeys)
     return app
 
 
-def _uvicorn_config(gateway: Gateway, server_cfg: ServerConfig, keys: ApiKeys) -> uvicorn.Config:
+def _uvicorn_config(
+    gateway: Gateway, server_cfg: ServerConfig, keys: ApiKeys, lifecycle: Lifecycle | None = None
+) -> uvicorn.Config:
     return uvicorn.Config(
-        build_gateway_app(gateway, server_cfg, keys), host=server_cfg.host, port=server_cfg.port,
+        build_gateway_app(gateway, server_cfg, keys, lifecycle), host=server_cfg.host, port=server_cfg.port,
         log_level=server_cfg.log_level, timeout_graceful_shutdown=5, lifespan="on",
         http=JsonErrorH11Protocol, h11_max_incomplete_event_size=PARSER_BUFFER_BYTES,
     )
 
 
-def run_gateway(urls: list[str], server_cfg: ServerConfig, router_cfg: RouterConfig) -> None:
-    """Serve the gateway until interrupted (blocking); ConfigError on a bad --api-key-file."""
+class _DrainingGateway(uvicorn.Server):
+    """First SIGTERM/SIGINT: drain (new requests 503), run `stop_backends` in a thread, then stop.
+    A second one: `force_backends`, stop at once. The signal is not re-raised after shutdown."""
+
+    def __init__(
+        self, config: uvicorn.Config, lifecycle: Lifecycle, timeout_s: float,
+        stop_backends: Callable[[], Any] | None, force_backends: Callable[[], None] | None,
+    ) -> None:
+        super().__init__(config)
+        self.lifecycle, self.timeout_s = lifecycle, timeout_s
+        self.stop_backends, self.force_backends = stop_backends, force_backends
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.lifecycle.draining:
+            logger.warning("gateway_shutdown_forced signal=%s", signal.Signals(sig).name)
+            if self.force_backends is not None:
+                self.force_backends()
+            self.should_exit = self.force_exit = True
+            return
+        logger.info("gateway_shutdown_signal signal=%s inflight=%d", signal.Signals(sig).name, self.lifecycle.inflight)
+        self.lifecycle.begin_drain()
+        threading.Thread(target=self._drain, name="kvstrata-gateway-drain", daemon=True).start()
+
+    def _drain(self) -> None:
+        if self.stop_backends is not None:
+            self.stop_backends()  # ranks finish the requests they hold, so ours finish too
+        self.lifecycle.wait_idle(self.timeout_s)
+        self.should_exit = True
+
+
+def run_gateway(
+    urls: list[str], server_cfg: ServerConfig, router_cfg: RouterConfig,
+    stop_backends: Callable[[], Any] | None = None, force_backends: Callable[[], None] | None = None,
+) -> None:
+    """Serve the gateway until SIGTERM/SIGINT and a drain (blocking); ConfigError on a bad
+    --api-key-file."""
     keys = ApiKeys.from_config(server_cfg)
     gateway = Gateway(urls, router_cfg, rank_key=keys.any_key)
+    lifecycle = Lifecycle()
     logger.info(
         "gateway_start host=%s port=%d policy=%s ranks=%s", server_cfg.host, server_cfg.port, router_cfg.policy,
         ",".join(urls),
     )
+    server = _DrainingGateway(_uvicorn_config(gateway, server_cfg, keys, lifecycle), lifecycle,
+                              server_cfg.shutdown_timeout, stop_backends, force_backends)
     with contextlib.suppress(KeyboardInterrupt):
-        uvicorn.Server(_uvicorn_config(gateway, server_cfg, keys)).run()
+        server.run()
     logger.info("gateway_stop")
 
 

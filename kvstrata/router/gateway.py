@@ -135,6 +135,8 @@ class Gateway:
         if not isinstance(body, dict):
             raise APIError(400, "the request body is not a JSON object; send one", code="invalid_json")
         pin = self.pinned(body)
+        if "data_parallel_rank" in body:  # the gateway's to act on; each rank is rank 0 of its own
+            raw = json.dumps({k: v for k, v in body.items() if k != "data_parallel_rank"}).encode()
         ready = self.pool.ready()
         if pin is not None:
             if not pin.ready:

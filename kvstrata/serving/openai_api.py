@@ -32,6 +32,7 @@ from kvstrata.serving.response_cache.replay import replay
 from kvstrata.serving.response_cache.service import CacheHeaderOnErrors, Ticket
 from kvstrata.serving.shutdown import LifecycleMiddleware
 from kvstrata.serving.state import ServerState
+from kvstrata.serving.worker_info import install_worker_info_routes
 from kvstrata.serving.streaming import (
     ResponseShape,
     UsageTracker,
@@ -195,4 +196,5 @@ def build_app(state: ServerState) -> FastAPI:
 
     install_admin_routes(app, state)
     install_rank_info_route(app, state)  # /v1/kvstrata/info, for the DP gateway
+    install_worker_info_routes(app, state)  # /server_info, /model_info, for SGLang Model Gateway
     return app

@@ -109,6 +109,7 @@ class _SamplingRequest(BaseModel):
     # the prompt's pages at a higher retention class in L2/L3
     prompt_cache_key: str | None = Field(default=None, max_length=PROMPT_CACHE_KEY_MAX_CHARS)
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    data_parallel_rank: int | None = None  # SGLang's; a lone server is rank 0 of 1 (the gateway pins and strips it)
 
     @field_validator("stop", mode="plain")
     @classmethod
@@ -129,6 +130,9 @@ class _SamplingRequest(BaseModel):
 
     def refuse_unsupported(self) -> None:
         """Values out of OpenAI's ranges and features we cannot honour: 400 naming the field."""
+        if self.data_parallel_rank not in (None, 0):
+            msg = f"data_parallel_rank must be an integer in [0, 1): this server is one rank, got {self.data_parallel_rank}"
+            raise InvalidRequestError(msg, "data_parallel_rank", "invalid_rank")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed when stream is true", "stream_options")
         if self.temperature is not None and self.temperature > MAX_TEMPERATURE:

@@ -152,3 +152,16 @@ def test_unknown_route_and_method(http: httpx.Client) -> None:
     resp = http.delete("/v1/models")
     assert_error(resp, 405)
     assert "GET" in resp.headers["allow"]
+
+
+@pytest.mark.parametrize("rank", [99, 1, -1, True, "0"])
+def test_data_parallel_rank_outside_0_of_1_is_400_on_a_single_server(
+    http: httpx.Client, model_name: str, rank: Any
+) -> None:
+    for path, body in (("/v1/chat/completions", {"messages": USER}), ("/v1/completions", {"prompt": "hi"})):
+        resp = http.post(path, json={"model": model_name, "max_tokens": 2, "data_parallel_rank": rank, **body})
+        assert_error(resp, 400, param="data_parallel_rank")
+
+
+def test_data_parallel_rank_0_is_this_server(http: httpx.Client, model_name: str) -> None:
+    assert chat(http, model_name, data_parallel_rank=0).status_code == 200
