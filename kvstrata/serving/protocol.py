@@ -27,6 +27,7 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
 MAX_TOP_LOGPROBS = 20
+MAX_CACHE_SALT_CHARS = 256  # hashed into every page key and kept as a radix-tree key
 _STRICT = ConfigDict(strict=True, extra="ignore")
 # what the plain validators below accept, for /openapi.json (clients, and the schemathesis fuzz test)
 _TEXT_PART: dict[str, Any] = {
@@ -98,7 +99,7 @@ class _SamplingRequest(BaseModel):
     stream_options: StreamOptions | None = None  # ignored unless stream is true
     ignore_eos: bool = False
     user: str | None = None
-    cache_salt: str | None = Field(default=None, min_length=1)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     repetition_penalty: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # vLLM's; 1 = off
