@@ -144,6 +144,11 @@ class ServerConfig:
     dp_size: int = opt(
         1, "data-parallel engine ranks: N > 1 starts N rank processes and the gateway (kvstrata/router) on --port"
     )
+    tool_call_parser: str = opt(
+        "auto", "how tool calls are read out of replies (vLLM's names); auto = from the chat template: "
+        "hermes for <tool_call> templates, llama3_json for Llama 3, json for templates with no tool syntax",
+        choices=["auto", "hermes", "llama3_json", "json"],
+    )
     # `kvstrata analyze FILE` reads this log (kvstrata/serving/request_log.py says what redaction keeps)
     log_requests: str | None = opt(None, "append every request body to this JSON-lines file (for `kvstrata analyze`)")
     log_requests_redact: bool = opt(

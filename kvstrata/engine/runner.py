@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from kvstrata.engine.grammar import GrammarBackend
 from kvstrata.engine.scheduler import ScheduledBatch
 from kvstrata.kv.pool import PagePool
 from kvstrata.model.attention import AttentionMetadata, PrefillSeq
@@ -20,6 +21,7 @@ class ModelRunner:
         self.pool = pool
         self.device = model.device
         self.page_size = pool.page_size
+        self.grammar: GrammarBackend | None = None  # set by the engine
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
@@ -75,5 +77,7 @@ class ModelRunner:
             for i, r in enumerate(batch.requests)
             if batch.samples(i)
         ]
+        if self.grammar is not None:  # constrained requests: forbidden tokens to -inf on their rows
+            logits = self.grammar.mask_logits(logits, [r.matcher for i, r in enumerate(batch.requests) if batch.samples(i)])
         sampled = iter(sample(logits, specs) if specs else [])
         return [next(sampled) if batch.samples(i) else None for i in range(len(batch))]

@@ -34,6 +34,7 @@ class SamplingParams:
     ignore_eos: bool = False
     n: int = 1
     extra_key: str | None = None  # tenant / cache_salt: requests with different keys share no pages
+    grammar: str | None = None  # llguidance grammar the output must follow (engine/grammar.py)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

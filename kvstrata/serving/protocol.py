@@ -4,7 +4,7 @@ Pydantic checks types (strict: "5" is not an int, 1.0 is not an int, "true" is n
 shapes; `prepare_chat` / `prepare_completion` (prepare.py) check values against the loaded model
 and return a `PreparedRequest`. Unknown fields are ignored, as vLLM does (clients send vendor fields through
 `extra_body`; OpenAI itself refuses them). Fields we accept but cannot honour (logprobs,
-penalties, min_p, json response_format, ...) are refused with a 400 rather than ignored.
+penalties, min_p, ...) are refused with a 400 rather than ignored.
 
 max_tokens: when absent, chat gets the rest of the context and completions get 16 (OpenAI's
 defaults). When prompt + max_tokens exceeds the context, max_tokens is clamped to what fits (the
@@ -164,6 +164,7 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # a constrained reply is one call; a free one may hold several
 
     @field_validator("tools")
     @classmethod
@@ -184,16 +185,9 @@ class ChatCompletionRequest(_SamplingRequest):
         if self.logprobs or self.top_logprobs:
             msg = "logprobs are not supported; omit logprobs/top_logprobs"
             raise InvalidRequestError(msg, "logprobs", "unsupported")
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            raise InvalidRequestError(
-                f"response_format {self.response_format.get('type')!r} is not supported; only {{'type': 'text'}}",
-                "response_format", "unsupported",
-            )
         if self.tool_choice not in (None, "none") and not self.tools:
             raise InvalidRequestError("tool_choice is only allowed when tools are given", "tool_choice")
-        if self.tool_choice not in (None, "auto", "none"):
-            msg = "tool_choice may be 'auto' or 'none'; forcing a tool call is not supported"
-            raise InvalidRequestError(msg, "tool_choice", "unsupported")
+        # tools, tool_choice and response_format values: serving/tool_calls/validate.py (via plan_tools)
 
 
 class CompletionRequest(_SamplingRequest):
