@@ -28,6 +28,7 @@ from kvstrata.serving.prepare import PreparedRequest, check_model, prepare_chat,
 from kvstrata.serving.protocol import ChatCompletionRequest, CompletionRequest
 from kvstrata.serving.rank_info import install_rank_info_route
 from kvstrata.serving.response_cache_key import CHAT, COMPLETIONS
+from kvstrata.serving.responses.route import install_responses_route
 from kvstrata.serving.response_cache_replay import replay
 from kvstrata.serving.response_cache_service import CacheHeaderOnErrors, Ticket
 from kvstrata.serving.shutdown import LifecycleMiddleware
@@ -196,6 +197,7 @@ def build_app(state: ServerState) -> FastAPI:
     async def completions(req: CompletionRequest, request: Request) -> Response:
         return await _serve_cached(state, request, req, prepare_completion)
 
+    install_responses_route(app, state)  # /v1/responses (serving/responses/)
     install_admin_routes(app, state)
     install_rank_info_route(app, state)  # /v1/kvstrata/info, for the DP gateway
     return app
