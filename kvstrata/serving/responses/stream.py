@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, AsyncIterator, Callable
 
 from kvstrata.engine.outputs import RequestOutput
+from kvstrata.serving.errors import api_error_from
 from kvstrata.serving.streaming import UsageTracker, raise_if_failed, sse
 from kvstrata.serving.tool_calls.formats import ToolCallFormat
 from kvstrata.serving.tool_calls.output import ToolCallStream
@@ -26,8 +27,24 @@ async def response_events(
     header: ResponseHeader, fmt: ToolCallFormat | None, outputs: AsyncIterator[tuple[int, RequestOutput]],
     usage: UsageTracker, on_done: Callable[[list[dict[str, Any]]], None],
 ) -> AsyncIterator[str]:
-    """Events for one choice's outputs; `on_done(items)` runs once the response is complete."""
+    """Events for one choice's outputs; `on_done(items)` runs once the response is complete. An error
+    after the 200 went out is an `error` event (OpenAI clients raise it)."""
     ev = _Events()
+    try:
+        async for event in _events(ev, header, fmt, outputs, usage, on_done):
+            yield event
+    except Exception as exc:  # noqa: BLE001 - reported in-band
+        err = api_error_from(exc)
+        yield ev("error", code=err.code, message=err.message, param=err.param)
+    finally:
+        await outputs.aclose()  # type: ignore[attr-defined]
+
+
+async def _events(
+    ev: _Events, header: ResponseHeader, fmt: ToolCallFormat | None,
+    outputs: AsyncIterator[tuple[int, RequestOutput]], usage: UsageTracker,
+    on_done: Callable[[list[dict[str, Any]]], None],
+) -> AsyncIterator[str]:
     items: list[dict[str, Any]] = []  # in output order; text/arguments filled as they stream
     message: dict[str, Any] | None = None
     calls: dict[int, dict[str, Any]] = {}
