@@ -57,8 +57,6 @@ CASES = [
     Case("tool_choice function without name", H, tools() | {"tool_choice": {"type": "function", "function": {}}},
          param="tool_choice"),
     Case("tool_choice wrong type", H, tools() | {"tool_choice": {"type": "retrieval"}}, param="tool_choice"),
-    Case("tool_choice forced with response_format", H,
-         tools() | {"tool_choice": "required", "response_format": {"type": "json_object"}}, param="response_format"),
     # response_format
     Case("response_format json_schema missing", H, chat(response_format={"type": "json_schema"}),
          param="response_format.json_schema"),
@@ -107,6 +105,7 @@ def test_well_formed_tool_requests_are_accepted(base_url: str) -> None:
         tools() | {"tool_choice": "required", "max_tokens": 4},
         tools() | {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
         chat(response_format={"type": "json_object"}),
+        tools() | {"tool_choice": "required", "response_format": {"type": "json_object"}},  # the call wins
         chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": OK_PARAMS}}),
         history(CALL) | {"tools": [fn()]},
     ]

@@ -4,7 +4,8 @@ reply is constrained to.
 
 - tools with tool_choice absent/'auto': the reply is parsed for calls (no constraint);
 - 'required' or a named function: the reply is constrained to one call (constraints.py);
-- response_format json_object / json_schema: the reply is constrained to the schema and is content;
+- response_format json_object / json_schema: the reply is constrained to the schema and is content
+  (a forced call wins over it: that reply is the call; the Agents SDK sends both);
 - tool_choice 'none': tools are neither shown to the model nor parsed.
 """
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvstrata.engine.sampling_params import InvalidRequestError
 from kvstrata.serving.tool_calls.constraints import json_grammar, tool_call_grammar
 from kvstrata.serving.tool_calls.formats import ToolCallFormat, pick_format, template_renders_tools
 from kvstrata.serving.tool_calls.render import messages_for_template
@@ -37,8 +37,10 @@ def _template_source(tokenizer: Tokenizer) -> str | None:
 
 def reply_format(req: ChatCompletionRequest, tokenizer: Tokenizer, parser: str) -> ToolCallFormat | None:
     """The format replies are parsed with (None: not parsed for calls)."""
-    if not req.tools or req.tool_choice == "none" or response_schema(req.response_format) is not None:
+    if not req.tools or req.tool_choice == "none":
         return None
+    if response_schema(req.response_format) is not None and not forced_tool(req.tool_choice, req.tools):
+        return None  # the reply is the structured content
     return pick_format(parser, _template_source(tokenizer))
 
 
@@ -50,9 +52,6 @@ def plan_tools(req: ChatCompletionRequest, tokenizer: Tokenizer, parser: str) ->
         check_tools(req.tools)
     forced = forced_tool(req.tool_choice, req.tools)
     schema = response_schema(req.response_format)
-    if forced and schema is not None:
-        raise InvalidRequestError("response_format cannot constrain a reply that tool_choice forces to be a tool call; "
-                                  "send one of them", "response_format")
     source = _template_source(tokenizer)
     fmt = pick_format(parser, source)
     shown = None if req.tool_choice == "none" else req.tools
