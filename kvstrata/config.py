@@ -156,6 +156,11 @@ class ServerConfig:
     rank_ports: str = opt(
         "", "with --dp-size N: the N loopback ports of the ranks, comma-separated (default: free ports, logged)"
     )
+    tool_call_parser: str = opt(
+        "auto", "how tool calls are read out of replies (vLLM's names); auto = from the chat template: "
+        "hermes for <tool_call> templates, llama3_json for Llama 3, json for templates with no tool syntax",
+        choices=["auto", "hermes", "llama3_json", "json"],
+    )
     # `kvstrata analyze FILE` reads this log (kvstrata/serving/request_log.py says what redaction keeps)
     log_requests: str | None = opt(None, "append every request body to this JSON-lines file (for `kvstrata analyze`)")
     log_requests_redact: bool = opt(

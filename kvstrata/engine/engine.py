@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from kvstrata.config import CacheConfig, ConfigError, ModelConfig, SchedulerConfig, check_config
+from kvstrata.engine.grammar import GrammarBackend, advance
 from kvstrata.engine.kv_manager import KVCacheManager
 from kvstrata.engine.output_processor import OutputProcessor
 from kvstrata.engine.outputs import EngineOverloadedError, RequestOutput
@@ -93,6 +94,7 @@ class Engine:
         self.tiers = build_tiers(cache_cfg, cache)
         self.scheduler = Scheduler(sched_cfg, KVCacheManager(self.pool, cache, self.tiers))
         self.runner = ModelRunner(self.model, self.pool)
+        self.grammar = self.runner.grammar = GrammarBackend(self.tokenizer, arch.vocab_size)
 
         limit = min(arch.max_position, num_pages * ps)
         if model_cfg.max_model_len:
@@ -149,6 +151,8 @@ class Engine:
             limit = self.sched_cfg.max_queue_requests
             raise EngineOverloadedError(f"{limit} requests are already waiting (--max-queue-requests {limit})")
         req = Request(request_id, list(prompt_token_ids), params)
+        if params.grammar is not None:
+            req.matcher = self.grammar.matcher(params.grammar)
         self._requests[request_id] = req
         self.outputs.add(req)
         self.scheduler.add(req)
@@ -196,6 +200,8 @@ class Engine:
             if req.stats.first_token is None:
                 req.stats.first_token = now
             reason = self.outputs.append_token(req, tok)
+            if req.matcher is not None and advance(req.matcher, tok) and reason is None:
+                reason = "stop"  # the grammar is complete
             if reason is not None:
                 self.scheduler.finish(req, reason)
                 self._requests.pop(req.request_id, None)

@@ -38,6 +38,7 @@ class Request:
     error: str | None = None
     stats: RequestStats = field(default_factory=RequestStats)
     generator: torch.Generator | None = None
+    matcher: Any = None  # llguidance matcher when params.grammar is set (engine/grammar.py)
     admitted_once: bool = False
 
     def __post_init__(self) -> None:

@@ -6,6 +6,7 @@ from array import array
 
 import torch
 
+from kvstrata.engine.grammar import GrammarBackend
 from kvstrata.engine.scheduler import ScheduledBatch
 from kvstrata.kv.pool import PagePool
 from kvstrata.model.attention import AttentionMetadata, PrefillSeq
@@ -33,6 +34,7 @@ class ModelRunner:
         self.pool = pool
         self.device = model.device
         self.page_size = pool.page_size
+        self.grammar: GrammarBackend | None = None  # set by the engine
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
         """input ids [T], positions [T], attention metadata, rows to sample [S].
@@ -107,5 +109,7 @@ class ModelRunner:
             for i, r in enumerate(batch.requests)
             if batch.samples(i)
         ]
+        if self.grammar is not None:  # constrained requests: forbidden tokens to -inf on their rows
+            logits = self.grammar.mask_logits(logits, [r.matcher for i, r in enumerate(batch.requests) if batch.samples(i)])
         sampled = iter(sample(logits, specs) if specs else [])
         return [next(sampled) if batch.samples(i) else None for i in range(len(batch))]

@@ -11,6 +11,11 @@ PROMPT_CACHE_KEY_MAX_CHARS = 1024  # OpenAI's limit on prompt_cache_key
 RETENTION_CLASSES = ("in_memory", "24h")  # prompt_cache_retention values; index = retention class
 
 
+MAX_STOP_STRING_CHARS = 256  # a stop string is held back from the stream while it may be forming
+MAX_STOP_TOKEN_IDS = 64  # each one is compared with every generated token
+MAX_SEED = 2**63 - 1  # what a torch.Generator takes
+
+
 class InvalidRequestError(ValueError):
     """A request the user can fix; the server maps it to a 400 with `param` set."""
 
@@ -35,6 +40,7 @@ class SamplingParams:
     extra_key: str | None = None  # tenant / cache_salt: requests with different keys share no pages
     cache_key: str | None = None  # prompt_cache_key: a session hint (stats, logs, gateway routing)
     retention: str = "in_memory"  # prompt_cache_retention: "24h" pins the prompt's pages longer
+    grammar: str | None = None  # llguidance grammar the output must follow (engine/grammar.py)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -54,8 +60,13 @@ class SamplingParams:
             raise InvalidRequestError(
                 f"temperature must be a finite number >= 0, got {self.temperature}", "temperature"
             )
-        if self.seed is not None and not (-(2**63) <= self.seed < 2**63):
+        if self.seed is not None and not (-(2**63) <= self.seed <= MAX_SEED):
             raise InvalidRequestError(f"seed must fit in a signed 64-bit integer, got {self.seed}", "seed")
+        if self.seed is not None and self.n > 1 and self.seed + self.n - 1 > MAX_SEED:  # choice i samples with seed + i
+            raise InvalidRequestError(
+                f"seed {self.seed} with n={self.n}: choice i samples with seed + i, which must stay <= {MAX_SEED}; "
+                f"send a seed <= {MAX_SEED - self.n + 1}", "seed",
+            )
         if not math.isfinite(self.top_p) or not (0.0 < self.top_p <= 1.0):
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         if self.top_k < -1:
@@ -72,6 +83,16 @@ class SamplingParams:
             raise InvalidRequestError(f"at most {max_stop} stop strings are allowed, got {len(self.stop)}", "stop")
         if any((not isinstance(s, str)) or s == "" for s in self.stop):
             raise InvalidRequestError("stop strings must be non-empty strings", "stop")
+        long_stop = [s for s in self.stop if len(s) > MAX_STOP_STRING_CHARS]
+        if long_stop:
+            raise InvalidRequestError(
+                f"stop strings may be at most {MAX_STOP_STRING_CHARS} characters, got one of {len(long_stop[0])}", "stop"
+            )
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise InvalidRequestError(
+                f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are allowed, got {len(self.stop_token_ids)}",
+                "stop_token_ids",
+            )
         bad = [t for t in self.stop_token_ids if not (0 <= t < vocab_size)]
         if bad:
             raise InvalidRequestError(

@@ -30,6 +30,7 @@ from kvstrata.serving.rank_info import install_rank_info_route
 from kvstrata.serving.response_cache.key import CHAT, COMPLETIONS
 from kvstrata.serving.response_cache.replay import replay
 from kvstrata.serving.response_cache.service import CacheHeaderOnErrors, Ticket
+from kvstrata.serving.responses.route import install_responses_route
 from kvstrata.serving.shutdown import LifecycleMiddleware
 from kvstrata.serving.state import ServerState
 from kvstrata.serving.worker_info import install_worker_info_routes
@@ -41,6 +42,7 @@ from kvstrata.serving.streaming import (
     raise_if_failed,
     sse_events,
 )
+from kvstrata.serving.tool_calls.plan import reply_format
 
 if TYPE_CHECKING:
     from kvstrata.engine.async_engine import AsyncEngine
@@ -99,7 +101,7 @@ async def _serve(
     ticket: Ticket,
 ) -> Response:
     request_id = _request_id(chat)
-    shape = ResponseShape(chat, request_id, engine.served_model_name)
+    shape = ResponseShape(chat, request_id, engine.served_model_name, tool_format=prepared.tool_format)
     jobs = fan_out(request_id, prepared)
     usage = UsageTracker([len(p) for p in prepared.prompts], prepared.params.n)
     logger.debug(
@@ -144,7 +146,8 @@ async def _serve_cached(
     engine = state.ready_engine()
     ticket = await state.response_cache.lookup(CHAT if chat else COMPLETIONS, req, request, engine)
     if ticket.value is not None:
-        shape = ResponseShape(chat, _request_id(chat), engine.served_model_name)
+        fmt = reply_format(req, engine.tokenizer, state.server_cfg.tool_call_parser) if chat else None  # type: ignore[arg-type]
+        shape = ResponseShape(chat, _request_id(chat), engine.served_model_name, tool_format=fmt)
         return replay(ticket.value, shape, req.stream, req.include_usage, ticket.headers)
     try:
         prepared = scoped_to_tenant(prepare(req, engine), request_tenant(request))  # tenants share no pages
@@ -188,12 +191,14 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
-        return await _serve_cached(state, request, req, prepare_chat)
+        parser = state.server_cfg.tool_call_parser
+        return await _serve_cached(state, request, req, lambda r, e: prepare_chat(r, e, parser))
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
         return await _serve_cached(state, request, req, prepare_completion)
 
+    install_responses_route(app, state)  # /v1/responses (serving/responses/)
     install_admin_routes(app, state)
     install_rank_info_route(app, state)  # /v1/kvstrata/info, for the DP gateway
     install_worker_info_routes(app, state)  # /server_info, /model_info, for SGLang Model Gateway

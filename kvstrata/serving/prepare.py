@@ -6,7 +6,7 @@ left in the context (see protocol.py's docstring for the rules).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from kvstrata.engine.sampling_params import InvalidRequestError, SamplingParams
@@ -17,6 +17,8 @@ from kvstrata.serving.protocol import (
     CompletionRequest,
     _SamplingRequest,
 )
+from kvstrata.serving.tool_calls.formats import ToolCallFormat
+from kvstrata.serving.tool_calls.plan import plan_tools
 
 if TYPE_CHECKING:
     from kvstrata.engine.async_engine import AsyncEngine
@@ -29,6 +31,7 @@ class PreparedRequest:
     prompts: list[list[int]]
     params: SamplingParams
     timeout_s: float | None = None  # the request's `timeout`: abort and answer 408 past it
+    tool_format: ToolCallFormat | None = None  # chat with tools: replies are parsed for tool calls
 
 
 def check_model(model: str | None, engine: AsyncEngine) -> None:
@@ -75,20 +78,19 @@ def _finish(
     return PreparedRequest(prompts, params, req.timeout)
 
 
-def prepare_chat(req: ChatCompletionRequest, engine: AsyncEngine) -> PreparedRequest:
+def prepare_chat(req: ChatCompletionRequest, engine: AsyncEngine, tool_call_parser: str = "auto") -> PreparedRequest:
     check_model(req.model, engine)
     req.refuse_unsupported()
-    tools = None if req.tool_choice == "none" else req.tools
+    plan = plan_tools(req, engine.tokenizer, tool_call_parser)
     try:
-        text = engine.tokenizer.apply_chat_template(
-            [m.for_template() for m in req.messages], add_generation_prompt=True, tools=tools
-        )
+        text = engine.tokenizer.apply_chat_template(plan.messages, add_generation_prompt=True, tools=plan.template_tools)
     except Exception as exc:  # a template's raise_exception(...) or a message it cannot render
         msg = f"the chat template could not render these messages: {exc}"
         raise InvalidRequestError(msg, "messages") from exc
     prompt = engine.tokenizer.encode(text)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    return _finish(req, engine, [prompt], max_tokens, None)
+    prepared = _finish(req, engine, [prompt], max_tokens, None)
+    return replace(prepared, params=replace(prepared.params, grammar=plan.grammar), tool_format=plan.tool_format)
 
 
 def prepare_completion(req: CompletionRequest, engine: AsyncEngine) -> PreparedRequest:

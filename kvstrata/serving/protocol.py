@@ -4,7 +4,7 @@ Pydantic checks types (strict: "5" is not an int, 1.0 is not an int, "true" is n
 shapes; `prepare_chat` / `prepare_completion` (prepare.py) check values against the loaded model
 and return a `PreparedRequest`. Unknown fields are ignored, as vLLM does (clients send vendor fields through
 `extra_body`; OpenAI itself refuses them). Fields we accept but cannot honour (logprobs,
-penalties, min_p, json response_format, ...) are refused with a 400 rather than ignored.
+penalties, min_p, ...) are refused with a 400 rather than ignored.
 
 max_tokens: when absent, chat gets the rest of the context and completions get 16 (OpenAI's
 defaults). When prompt + max_tokens exceeds the context, max_tokens is clamped to what fits (the
@@ -27,6 +27,7 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
 MAX_TOP_LOGPROBS = 20
+MAX_CACHE_SALT_CHARS = 256  # hashed into every page key and kept as a radix-tree key
 _STRICT = ConfigDict(strict=True, extra="ignore")
 # what the plain validators below accept, for /openapi.json (clients, and the schemathesis fuzz test)
 _TEXT_PART: dict[str, Any] = {
@@ -98,7 +99,7 @@ class _SamplingRequest(BaseModel):
     stream_options: StreamOptions | None = None  # ignored unless stream is true
     ignore_eos: bool = False
     user: str | None = None
-    cache_salt: str | None = Field(default=None, min_length=1)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     repetition_penalty: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # vLLM's; 1 = off
@@ -173,6 +174,7 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # a constrained reply is one call; a free one may hold several
 
     @field_validator("tools")
     @classmethod
@@ -193,16 +195,9 @@ class ChatCompletionRequest(_SamplingRequest):
         if self.logprobs or self.top_logprobs:
             msg = "logprobs are not supported; omit logprobs/top_logprobs"
             raise InvalidRequestError(msg, "logprobs", "unsupported")
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            raise InvalidRequestError(
-                f"response_format {self.response_format.get('type')!r} is not supported; only {{'type': 'text'}}",
-                "response_format", "unsupported",
-            )
         if self.tool_choice not in (None, "none") and not self.tools:
             raise InvalidRequestError("tool_choice is only allowed when tools are given", "tool_choice")
-        if self.tool_choice not in (None, "auto", "none"):
-            msg = "tool_choice may be 'auto' or 'none'; forcing a tool call is not supported"
-            raise InvalidRequestError(msg, "tool_choice", "unsupported")
+        # tools, tool_choice and response_format values: serving/tool_calls/validate.py (via plan_tools)
 
 
 class CompletionRequest(_SamplingRequest):

@@ -20,6 +20,8 @@ from kvstrata.engine.outputs import RequestOutput
 from kvstrata.engine.sampling_params import SamplingParams
 from kvstrata.serving.errors import APIError, api_error_from, error_body
 from kvstrata.serving.prepare import PreparedRequest
+from kvstrata.serving.tool_calls.formats import ToolCallFormat
+from kvstrata.serving.tool_calls.output import ToolCallStream, chat_message, stream_delta
 
 if TYPE_CHECKING:
     from kvstrata.engine.async_engine import AsyncEngine
@@ -134,6 +136,7 @@ class ResponseShape:
     request_id: str
     model: str
     created: int = field(default_factory=lambda: int(time.time()))
+    tool_format: ToolCallFormat | None = None  # chat with tools: replies are parsed for tool calls
 
     def header(self, streaming: bool) -> dict[str, Any]:
         kind = ("chat.completion.chunk" if streaming else "chat.completion") if self.chat else "text_completion"
@@ -141,13 +144,20 @@ class ResponseShape:
 
     def choice(self, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
         if self.chat:
-            message = {"role": "assistant", "content": text}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if self.tool_format is not None:
+                message, finish_reason = chat_message(self.tool_format, text, finish_reason)
             return {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason}
         return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
-    def chunk(self, index: int, text: str, finish_reason: str | None, first: bool = False) -> dict[str, Any]:
+    def chunk(
+        self, index: int, text: str, finish_reason: str | None, first: bool = False,
+        tool_calls: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
         if self.chat:
             delta: dict[str, Any] = {"content": text} if text or first else {}
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
             if first:
                 delta = {"role": "assistant", **delta}
             choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
@@ -166,13 +176,17 @@ async def sse_events(
 ) -> AsyncIterator[str]:
     """The SSE body of a streamed response; closing it aborts the engine requests left."""
     extra = {"usage": None} if include_usage else {}
+    tool_streams: dict[int, ToolCallStream] = {}
 
     def event(index: int, out: RequestOutput) -> str | None:
         usage.observe(index, out)
         raise_if_failed(out)
-        if not (out.new_text or out.finished):
+        text, reason, calls = out.new_text, out.finish_reason, None
+        if shape.tool_format is not None and shape.chat:
+            text, calls, reason = stream_delta(tool_streams, shape.tool_format, index, text, reason)
+        if not (text or calls or out.finished):
             return None
-        return sse({**shape.chunk(index, out.new_text, out.finish_reason), **extra})
+        return sse({**shape.chunk(index, text, reason, tool_calls=calls), **extra})
 
     try:
         if shape.chat:

@@ -153,9 +153,9 @@ CASES = [
     Case("tool_choice without tools", H, chat(tool_choice="auto"), param="tool_choice"),
     Case("tool_choice a number", H, chat(tool_choice=3), param="tool_choice"),
     Case("tool_choice unknown string", H, chat(tool_choice="sometimes"), param="tool_choice"),
-    Case("tool_choice forcing a function", H,
+    Case("tool_choice forcing a function not in tools", H,
          chat(tools=[{"type": "function", "function": {"name": "f"}}],
-              tool_choice={"type": "function", "function": {"name": "f"}}), param="tool_choice"),
+              tool_choice={"type": "function", "function": {"name": "g"}}), param="tool_choice"),
     # routes and methods
     Case("GET on a POST route", C, None, 405, method="GET"),
     Case("PUT on a POST route", H, chat(), 405, method="PUT"),

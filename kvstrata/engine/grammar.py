@@ -1,0 +1,75 @@
+"""Constrained decoding with llguidance: a matcher per constrained request, a token mask per step.
+
+`GrammarBackend` builds llguidance's tokenizer from ours (the `tokenizers` JSON, once, on the
+first constrained request: about 1.5 s for SmolLM2's 49k vocabulary) and a matcher per request
+from the grammar string in `SamplingParams.grammar`. Each step, `mask_logits` sets every token
+the grammar forbids to -inf on the rows that sample, before the sampler sees them (greedy and
+sampled alike); `advance` feeds the chosen token to the matcher and says whether the grammar has
+finished (the request then stops with "stop").
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from kvstrata.engine.sampling_params import InvalidRequestError
+
+if TYPE_CHECKING:
+    from kvstrata.model.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+class GrammarBackend:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size  # the logits' width (the model's vocabulary)
+        self._ll_tokenizer: Any = None
+        self._words = (vocab_size + 31) // 32
+
+    def _llt(self) -> Any:
+        if self._ll_tokenizer is None:
+            import llguidance
+
+            self._ll_tokenizer = llguidance.LLTokenizer(
+                self.tokenizer.backend.to_str(), n_vocab=self.vocab_size, eos_token=list(self.tokenizer.eos_token_ids)
+            )
+        return self._ll_tokenizer
+
+    def matcher(self, grammar: str) -> Any:
+        """A fresh matcher for `grammar`; a grammar llguidance refuses is the client's error."""
+        import llguidance
+
+        m = llguidance.LLMatcher(self._llt(), grammar, log_level=0)
+        if m.is_error():
+            raise InvalidRequestError(f"the output constraint cannot be compiled: {m.get_error()}", "response_format")
+        return m
+
+    def mask_logits(self, logits: torch.Tensor, matchers: list[Any]) -> torch.Tensor:
+        """logits: [S, V], one row per sampling request -> the same with each constrained row's forbidden
+        tokens at -inf; rows whose matcher is None are left as they are."""
+        rows = [i for i, m in enumerate(matchers) if m is not None]
+        if not rows:
+            return logits
+        bits = np.full((logits.shape[0], self._words), -1, dtype=np.int32)  # all allowed
+        for i in rows:
+            v = bits[i]
+            matchers[i].unsafe_compute_mask_ptr(v.ctypes.data, v.nbytes)
+        forbid = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, : logits.shape[-1]] == 0
+        if logits.device.type != "cpu":
+            return logits.masked_fill(torch.from_numpy(forbid).to(logits.device), float("-inf"))
+        # on CPU numpy's putmask takes ~0.5 ms here where torch's masked_fill took 20-70 ms (2 busy cores)
+        out = logits.detach().numpy().copy()
+        np.putmask(out, forbid, -np.inf)
+        return torch.from_numpy(out)
+
+
+def advance(matcher: Any, token: int) -> bool:
+    """Feed the sampled token; True when the grammar is done (or broken) and the request must stop."""
+    if not matcher.consume_token(token):
+        log.warning("grammar rejected token %d: %s", token, matcher.get_error())
+        return True
+    return bool(matcher.is_stopped())
