@@ -15,18 +15,25 @@ folder itself. Both routes need the API key when keys are on, and answer 503 whi
 """
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
 
-import kvstrata
 from kvstrata.model.fetch import resolve_model
 from kvstrata.model.tokenizer import tokenizer_json
 from kvstrata.serving.state import ServerState
 
 SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
 MODEL_INFO_PATHS = ("/model_info", "/get_model_info")
+
+
+def _version() -> str:
+    try:
+        return version("kvstrata")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
 def _tokenizer_source(weights: str) -> str | None:
@@ -46,7 +53,7 @@ def server_info(state: ServerState) -> dict[str, Any]:
     sched = state.sched_cfg
     return {
         "engine": "kvstrata",
-        "version": kvstrata.__version__,
+        "version": _version(),
         "served_model_name": info.served_model_name,
         "model_id": info.served_model_name,
         "model_path": source or weights,

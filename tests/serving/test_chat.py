@@ -104,11 +104,11 @@ def test_message_forms_render_through_the_template(engine: AsyncEngine, model_na
     spy = _TemplateSpy(engine)
     with serve(make_state(spy)) as srv:
         out = openai_client(srv).chat.completions.create(model=model_name, messages=conversation, max_tokens=1)
-    expected = [  # what the template is given: SmolLM2's template has no tool syntax, so the call and its result as text
+    expected = [  # what the template is given: SmolLM2's template has no tool syntax: the call as text, the result with its id
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "what is\n2+2?"},
         {"role": "assistant", "content": '{"name": "add", "arguments": {}}'},  # no tool syntax: the call as text
-        {"role": "tool", "content": "4"},
+        {"role": "tool", "content": "4", "tool_call_id": "c1"},
     ]
     assert [c["messages"] for c in spy.calls] == [expected]
     assert out.usage is not None and out.usage.prompt_tokens == rendered_len(engine, expected)

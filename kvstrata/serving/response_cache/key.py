@@ -29,8 +29,10 @@ if TYPE_CHECKING:
 
 CHAT = "chat"
 COMPLETIONS = "completions"
-# transport and bookkeeping only: same tokens whatever they say
-IGNORED_FIELDS = frozenset({"user", "stream", "stream_options", "timeout"})
+# transport, routing and cache hints only: same tokens whatever they say
+IGNORED_FIELDS = frozenset({
+    "user", "stream", "stream_options", "timeout", "prompt_cache_key", "prompt_cache_retention", "data_parallel_rank",
+})
 # values that mean "off": dropped, so sending them equals leaving them out
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "temperature": (1.0,),

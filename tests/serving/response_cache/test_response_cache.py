@@ -98,7 +98,7 @@ CHANGES_OUTPUT = {  # field -> a value that must give another key
     "ignore_eos": True, "cache_salt": "tenant-b", "presence_penalty": 0.5, "frequency_penalty": 0.5,
     "min_p": 0.1, "repetition_penalty": 1.2,
     "logit_bias": {"5": 1.0}, "logprobs": True, "top_logprobs": 2, "tools": [TOOL], "tool_choice": "none",
-    "response_format": {"type": "json_object"},
+    "response_format": {"type": "json_object"}, "parallel_tool_calls": False,
 }
 COMPLETION_CHANGES = {
     "prompt": "hello", "logprobs": 1, "echo": True, "suffix": "x", "best_of": 2,
@@ -107,6 +107,7 @@ COMPLETION_CHANGES = {
 # the model is None or the served one (others are refused with 404); the namespace names it
 NO_EFFECT = {
     "user": "alice", "stream": True, "stream_options": {"include_usage": True}, "model": "smollm2", "timeout": 5.0,
+    "prompt_cache_key": "session-1", "prompt_cache_retention": "24h", "data_parallel_rank": 0,
 }
 
 
