@@ -73,3 +73,29 @@ def test_extend_refuses_stale_or_unlocked_nodes() -> None:
     with pytest.raises(ValueError, match="no longer in the cache"):
         cache.extend(node, [9, 9, 9, 9], alloc(pool, 1))
     assert pages and cache.num_cached_pages == 0
+
+
+def test_extend_sets_the_class_of_new_pages_and_raise_class_the_path_above() -> None:
+    from kvstrata.kv import eviction_policy as ep
+
+    pool, cache = make_cache()
+    tokens = list(range(16))
+    cache_tokens(pool, cache, tokens[:8])  # 2 pages another request cached, probation
+    start = cache.match(tokens[:9])
+    cache.lock(start.node)
+    _, m = cache.extend(start.node, tokens[8:16], alloc(pool, 2), "", ep.RETAINED, 123.0)
+    below = cache.match(tokens + [0])
+    new_nodes, old_nodes = [], []
+    n = below.node
+    while n is not None and n.page is not None:
+        (new_nodes if n.page in m.pages else old_nodes).append(n)
+        n = n.parent
+    assert [(x.cls, x.retain_until) for x in new_nodes] == [(ep.RETAINED, 123.0)] * 2
+    assert [x.cls for x in old_nodes] == [ep.PROBATION] * 2  # extend leaves the path above alone
+    cache.raise_class(start.node, ep.RETAINED, 123.0)
+    assert [(x.cls, x.retain_until) for x in old_nodes] == [(ep.RETAINED, 123.0)] * 2
+    cache.raise_class(start.node, ep.PROBATION, 0.0)  # never lowers
+    assert [x.cls for x in old_nodes] == [ep.RETAINED] * 2
+    cache.lock(m.node)
+    cache.unlock(start.node)
+    check(pool, cache)
