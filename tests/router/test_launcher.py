@@ -90,6 +90,8 @@ def test_sigterm_drains_stops_every_rank_and_reports_real_exit_codes(launch: Lau
     log = proc.text()
     assert "rank_stopped rank=0 code=0 (exit code 0)" in log and "rank_stopped rank=1 code=0 (exit code 0)" in log
     assert "rank_kill" not in log
+    # a rank's own helper processes exit just after it (they get its SIGTERM too): poll, then name any left
+    wait_for(lambda: not [pid for pid in tree if alive(pid)], "every descendant gone", timeout_s=30.0)
     assert not [pid for pid in tree if alive(pid)], log[-3000:]
 
 
