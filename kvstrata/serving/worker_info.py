@@ -15,6 +15,7 @@ folder itself. Both routes need the API key when keys are on, and answer 503 whi
 """
 from __future__ import annotations
 
+from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
 MODEL_INFO_PATHS = ("/model_info", "/get_model_info")
 
 
+@cache  # the installed metadata is read once, not on every /server_info call
 def _version() -> str:
     try:
         return version("kvstrata")
