@@ -16,7 +16,8 @@ on page i means the whole prefix up to page i matches; `match` counts the leadin
 only: nothing here locks.
 
 Invariants (`check_integrity()`): every slot is in exactly one of index and free; pins only
-name indexed hashes and exist only inside one KVCacheManager call.
+name indexed hashes and exist only inside one KVCacheManager call; holds (pages an L3 prefetch
+brought for a request still waiting for admission) name indexed hashes, at most half of L2.
 """
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ class HostTier:
         self.hits_by_class = [0, 0, 0]  # pages given back to L1, by class
         self._free: list[int] = list(range(capacity - 1, -1, -1))
         self._pinned: set[bytes] = set()
+        self._held: dict[bytes, int] = {}  # hash -> holders: prefetched pages waiting for their request
 
     @property
     def num_pages(self) -> int:
@@ -91,6 +93,25 @@ class HostTier:
 
     def unpin(self) -> None:
         self._pinned.clear()
+
+    def hold(self, hashes: Iterable[bytes]) -> list[bytes]:
+        """Changes state: keep these held pages until release() (an L3 prefetch waiting for its
+        request's admission: other traffic must not evict it meanwhile). At most half of L2 is held;
+        returns the hashes this call holds."""
+        got = []
+        for h in hashes:
+            if h in self._index and (h in self._held or len(self._held) < self.capacity // 2):
+                self._held[h] = self._held.get(h, 0) + 1
+                got.append(h)
+        return got
+
+    def release(self, hashes: Iterable[bytes]) -> None:
+        for h in hashes:
+            n = self._held.get(h, 0)
+            if n > 1:
+                self._held[h] = n - 1
+            else:
+                self._held.pop(h, None)
 
     def put_from_pool(
         self, pool: PagePool, hashes: list[bytes], pages: list[int], classes: list[tuple[int, float]] | None = None
@@ -142,6 +163,7 @@ class HostTier:
         for seg in self._segments:
             seg.clear()
         self._pinned.clear()
+        self._held.clear()
         self._free = list(range(self.capacity - 1, -1, -1))
         return n
 
@@ -151,8 +173,8 @@ class HostTier:
             raise HostTierIntegrityError("a host slot is indexed twice")
         if set(slots) & set(self._free) or len(slots) + len(self._free) != self.capacity:
             raise HostTierIntegrityError(f"indexed {len(slots)} + free {len(self._free)} != {self.capacity}")
-        if not self._pinned <= self._index.keys():
-            raise HostTierIntegrityError("a pinned hash is not held")
+        if not self._pinned <= self._index.keys() or not self._held.keys() <= self._index.keys():
+            raise HostTierIntegrityError("a pinned or held hash is not indexed")
         if sum(map(len, self._segments)) != len(self._index) or any(
             h not in self._segments[c] for h, c in self._class.items()
         ) or self._class.keys() != self._index.keys():
@@ -216,7 +238,7 @@ class HostTier:
             self._demote(*retained.popitem(last=False))
         for c in range(ep.RETAINED + 1 if incoming == ep.RETAINED else ep.RETAINED):
             for h in self._segments[c]:
-                if h not in self._pinned:
+                if h not in self._pinned and h not in self._held:
                     del self._segments[c][h]
                     del self._class[h]
                     self._free.append(self._index.pop(h))

@@ -19,7 +19,7 @@ import logging
 import time
 from typing import Callable, Sequence, TypeVar
 
-from kvstrata.kv.eviction_policy import RETAINED, now
+from kvstrata.kv.eviction_policy import PROTECTED, RETAINED, now
 from kvstrata.kv.hashing import hash_pages
 from kvstrata.kv.host_tier import HostTier
 from kvstrata.kv.prefetcher import Fetched, Prefetcher
@@ -49,6 +49,7 @@ class KVTiers:
         self.writer = writer
         self.prefetcher = prefetcher
         self._from_store: dict[str, set[bytes]] = {}  # request key -> hashes its prefetch put in L2
+        self._held: dict[str, list[bytes]] = {}  # request key -> those of them L2 holds for it
         self._catch_evictions = True
         cache.on_evict.append(self._on_evict)
         if writer is not None:
@@ -112,7 +113,9 @@ class KVTiers:
         return True
 
     def _install(self, key: str, fetched: Fetched) -> None:
-        stored = [h for h, p in zip(fetched.hashes, fetched.payloads) if self.host.put_bytes(h, p)]
+        # a prefix fetched for a waiting request is a reuse: protected, so that under slru the pages
+        # other requests' L1 evictions bring into L2 (protected continuations) cannot push it out first
+        stored = [h for h, p in zip(fetched.hashes, fetched.payloads) if self.host.put_bytes(h, p, (PROTECTED, 0.0))]
         self.stats.wrote("host", len(stored), len(stored) * self.host.page_bytes)
         if self.writer is not None:
             self.writer.mark_known(stored)
@@ -120,15 +123,20 @@ class KVTiers:
             if fetched.bad is not None:
                 self.writer.distrust(fetched.bad)  # heal the store when the page is computed again
         if stored:
+            # held in L2 until the request is admitted or leaves: while it waits for L1 room, other
+            # requests' L1 evictions must not push out the prefix it waited for
+            self._held[key] = self.host.hold(stored)
             self._from_store[key] = set(stored)
 
     def take_prefetched(self, key: str) -> set[bytes]:
-        """The hashes this request's prefetch brought into L2 (forgotten after this call)."""
+        """The hashes this request's prefetch brought into L2 (forgotten and released after this call)."""
+        self.host.release(self._held.pop(key, ()))
         return self._from_store.pop(key, set())
 
     def forget(self, key: str) -> None:
         """The request left (admitted, aborted): drop its prefetch job and results."""
         self._from_store.pop(key, None)
+        self.host.release(self._held.pop(key, ()))
         if self.prefetcher is not None:
             self.prefetcher.cancel(key)
 
@@ -148,6 +156,7 @@ class KVTiers:
         finally:
             self._catch_evictions = True
             self.host.clear()
+            self._held.clear()  # holds went with L2's pages
 
     def close(self, drain_timeout_s: float = 5.0, flush: bool = True) -> FlushReport | None:
         """Stop prefetching; write to L3 the L1 and L2 pages it is not known to hold (`flush`), and

@@ -1,4 +1,4 @@
-"""HostTier (L2): byte-identical pages after L1 -> L2 -> L1, LRU order, pins, and the radix hooks."""
+"""HostTier (L2): byte-identical pages after L1 -> L2 -> L1, LRU order, pins, holds, and the radix hooks."""
 from __future__ import annotations
 
 import pytest
@@ -71,6 +71,30 @@ def test_least_recently_used_goes_first_and_pins_hold() -> None:
     host.unpin()
     assert host.put_from_pool(pool, [h(5)], [4]) == 1 and h(3) not in host
     assert host.clear() == 3 and host.num_pages == 0
+    host.check_integrity()
+
+
+@pytest.mark.parametrize("policy", ["lru", "slru"])
+def test_held_prefetch_survives_other_traffic_until_released(policy: str) -> None:
+    """Pages an L3 prefetch brought for a waiting request stay in L2 whatever L1 evicts into it
+    (at most half of L2 is held); released, they are ordinary pages again."""
+    pool = filled_pool(torch.float32)
+    host = HostTier(4, page_shape(pool), torch.float32, policy=policy)
+    payload = page_bytes(pool, 0)
+    for i in (1, 2, 3):
+        assert host.put_bytes(h(i), payload)
+    assert host.hold([h(1), h(2), h(3)]) == [h(1), h(2)]  # half of L2 at most
+    protected = [(1, 0.0)] * 4  # L1 victims of session continuations: protected under slru
+    host.put_from_pool(pool, [h(10), h(11), h(12), h(13)], [1, 2, 3, 4], protected)
+    assert h(1) in host and h(2) in host and h(3) not in host
+    host.check_integrity()
+    host.hold([h(1)])  # a second request waits on page 1 too
+    host.release([h(1), h(2)])
+    host.put_from_pool(pool, [h(20), h(21)], [5, 6], protected[:2])
+    assert h(1) in host and h(2) not in host  # page 1 is still held by the second request
+    host.release([h(1)])
+    host.put_from_pool(pool, [h(22), h(23)], [5, 6], protected[:2])
+    assert h(1) not in host
     host.check_integrity()
 
 

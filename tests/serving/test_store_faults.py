@@ -133,7 +133,8 @@ def redis_proc() -> Iterator[Redis]:
         server.stop()
 
 
-def test_store_faults_under_load_fail_no_request(tiny_model_dir: Path, redis_proc: Redis) -> None:
+@pytest.mark.parametrize("policy", ["lru", "slru"])
+def test_store_faults_under_load_fail_no_request(tiny_model_dir: Path, redis_proc: Redis, policy: str) -> None:
     started = time.monotonic()
     model = ModelConfig(model=str(tiny_model_dir), dtype="float32", max_model_len=1024)
     made: list[HangingRedisStore] = []
@@ -147,7 +148,7 @@ def test_store_faults_under_load_fail_no_request(tiny_model_dir: Path, redis_pro
     cache = CacheConfig(
         max_total_tokens=48 * PS, page_size=PS, kvstore_ratio=1.0,  # L1 48 pages, L2 48: history overflows both
         kvstore_storage_backend="hanging_redis", kvstore_storage_backend_extra_config=json.dumps(extra),
-        kvstore_prefetch_timeout_base_s=1.0,
+        kvstore_prefetch_timeout_base_s=1.0, eviction_policy=policy,
     )
     ref_engine = AsyncEngine.from_config(model, CacheConfig(max_total_tokens=8192, enable_prefix_caching=False), SCHED)
     engine = AsyncEngine.from_config(model, cache, SCHED)
