@@ -24,9 +24,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from store_servers import mooncake_master, redis_server  # noqa: E402
-from tiers_ttft import server, ttft  # noqa: E402
+from kvstrata.bench.tiers_ttft import server, ttft  # noqa: E402
 
 
 def metric(url: str, name: str) -> float:

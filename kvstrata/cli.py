@@ -71,6 +71,18 @@ def _fetch(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _dtype_plan(ns: argparse.Namespace) -> int:
+    from kvstrata.model.dtype_plan import peer_dtype, plan_dtype, read_cpu_info
+
+    if ns.peer_dtype:
+        print(peer_dtype())
+        return 0
+    cpu_info = read_cpu_info()
+    plan = plan_dtype("auto", cpu=cpu_info)
+    print(plan.log_line(cpu_info, plan.q4_auto))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvstrata", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -92,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     fetch = sub.add_parser("fetch-model", help="download a registry model (no-op when present)")
     fetch.add_argument("name", nargs="?", default="smollm2")
     fetch.set_defaults(func=_fetch)
+
+    plan = sub.add_parser("dtype-plan", help="what --dtype auto picks on this machine's CPU, and why")
+    plan.add_argument("--peer-dtype", action="store_true", help="print only the --dtype to give a peer server (vLLM)")
+    plan.set_defaults(func=_dtype_plan)
 
     from kvstrata.analyze.cli import add_analyze_parser
     from kvstrata.bench.cli import add_bench_parser

@@ -2,7 +2,7 @@
 # Start vLLM CPU (from `make bench-peers`) on the HF copy of SmolLM2, as ../shared/PEERS.md says:
 # both cores, prefix caching and cached-token details on. Usage: bench/peers/vllm_serve.sh [PORT [VLLM ARGS...]]
 # Without a --dtype among the arguments it gets kvstrata's choice for this CPU
-# (`python -m kvstrata.model.dtype_plan --peer-dtype`: float32 where bf16 GEMM is slow, e.g. AVX2).
+# (`kvstrata dtype-plan --peer-dtype`: float32 where bf16 GEMM is slow, e.g. AVX2).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 port="${1:-8200}"
@@ -10,7 +10,7 @@ port="${1:-8200}"
 args=("$@")
 if [[ " ${args[*]-} " != *" --dtype "* && " ${args[*]-} " != *" --dtype="* ]]; then
   py="${KVSTRATA_PYTHON:-.venv/bin/python}"
-  dtype="$("$py" -m kvstrata.model.dtype_plan --peer-dtype 2>/dev/null || echo auto)"
+  dtype="$("$py" -m kvstrata.cli dtype-plan --peer-dtype 2>/dev/null || echo auto)"
   args+=(--dtype "$dtype")
 fi
 export VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=0-1

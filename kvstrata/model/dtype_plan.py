@@ -11,12 +11,11 @@ Decode steps of a few rows are bound by weight reads, so both plans run them on 
 weights (`--q4-decode auto` = on; q4_weights.py feeds that kernel bf16 activations either way).
 CUDA keeps bfloat16 (float16 where the GPU has no bf16). An explicit `--dtype` always wins, and then
 `--q4-decode auto` keeps its meaning (on for bfloat16 only, so float32 stays transformers-exact).
-`python -m kvstrata.model.dtype_plan` prints the decision for this machine (`--peer-dtype`: only
+`kvstrata dtype-plan` prints the decision for this machine (`--peer-dtype`: only
 the dtype a peer server should get).
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -103,11 +102,3 @@ def peer_dtype(device: str = "cpu") -> str:
     """The `--dtype` to start a peer server (vLLM) with: the same choice as ours for prefill."""
     return plan_dtype("auto", device).dtype
 
-
-if __name__ == "__main__":
-    if "--peer-dtype" in sys.argv[1:]:
-        print(peer_dtype())
-    else:
-        cpu_info = read_cpu_info()
-        plan = plan_dtype("auto", cpu=cpu_info)
-        print(plan.log_line(cpu_info, plan.q4_auto))

@@ -68,3 +68,12 @@ def test_engine_on_auto_logs_the_plan(tiny_model_dir: Path, caplog: pytest.LogCa
         llm = LLM(str(tiny_model_dir), max_total_tokens=64)
     assert llm.engine.info.dtype == expected
     assert any(r.getMessage().startswith(f"dtype_plan dtype={expected} ") for r in caplog.records)
+
+
+def test_cli_prints_the_plan_and_the_peer_dtype(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvstrata.cli import main
+
+    assert main(["dtype-plan"]) == 0
+    assert capsys.readouterr().out.startswith("dtype_plan dtype=")
+    assert main(["dtype-plan", "--peer-dtype"]) == 0
+    assert capsys.readouterr().out.strip() in ("float32", "bfloat16", "float16")
