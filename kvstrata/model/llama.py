@@ -5,7 +5,8 @@ q/k/v into one [ (H + 2 Hkv) * D, hidden ] matrix and gate/up into one [2 I, hid
 layer runs 4 GEMMs instead of 7. Numerics follow transformers' LlamaModel: RMSNorm in float32 then
 cast back, RoPE tables computed in float32 (rotate_half layout), logits in float32.
 Given the GGUF's 4-bit linears (`q4`), steps of at most `q4_max_rows` rows (decode) run on them
-instead (q4_weights.py: weight reads, not arithmetic, bound those steps); wider steps use the dense copy.
+instead (q4_weights.py: weight reads, not arithmetic, bound those steps), with an int8 LM head
+(int8_head.py); wider steps use the dense copies.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 
 from kvstrata.model.arch import ModelArch
 from kvstrata.model.attention import AttentionBackend, AttentionMetadata
+from kvstrata.model.int8_head import Int8Head, int8_head_supported
 from kvstrata.model.q4_weights import PackedInt4, Q4Weight
 from kvstrata.model.rope import rope_tables
 
@@ -121,6 +123,8 @@ class LlamaModel:
                 )
             )
         self.uses_int4 = any(layer.int4 is not None for layer in self.layers)
+        # narrow steps read the LM head in int8 too (int8_head.py); off with the 4-bit linears (--q4-decode off)
+        self.lm_head_int8 = Int8Head.quantize(self.lm_head) if self.uses_int4 and int8_head_supported() else None
         cos, sin = rope_tables(arch, device)
         self.cos = cos.to(dtype)  # [max_position, D]
         self.sin = sin.to(dtype)
@@ -161,4 +165,6 @@ class LlamaModel:
             gate, up = linear(h, lw.gate_up, q4 and q4.gate_up).chunk(2, dim=-1)
             x = x + linear(F.silu(gate) * up, lw.down, q4 and q4.down)
         last = rms_norm(x[logit_rows], self.norm, arch.rms_norm_eps)
+        if narrow and self.lm_head_int8 is not None:
+            return self.lm_head_int8.logits(last)
         return F.linear(last, self.lm_head).float()

@@ -1,0 +1,41 @@
+"""The int8 LM head of narrow steps: the kernel computes what its int8 weights say, the
+quantization error stays within its bound, and a model without 4-bit linears keeps the dense head."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kvstrata.model.attention import make_attention_backend
+from kvstrata.model.int8_head import KERNEL_DTYPE, Int8Head
+from kvstrata.model.llama import LlamaModel
+from kvstrata.model.weights import load_weights
+
+
+def test_kernel_equals_its_dequantized_weights() -> None:
+    g = torch.Generator().manual_seed(0)
+    dense = torch.randn(1000, 64, generator=g)
+    head = Int8Head.quantize(dense)
+    x = torch.randn(3, 64, generator=g).to(KERNEL_DTYPE).float()  # what the kernel sees
+    want = x @ (head.weight.float() * head.scales.float()[:, None]).T
+    torch.testing.assert_close(head.logits(x), want, atol=2e-2 * want.abs().max().item(), rtol=2e-2)
+
+
+def test_quantization_error_within_one_step_per_weight() -> None:
+    g = torch.Generator().manual_seed(1)
+    dense = torch.randn(500, 64, generator=g) * torch.rand(500, 1, generator=g)  # rows of different scale
+    head = Int8Head.quantize(dense)
+    deq = head.weight.float() * head.scales.float()[:, None]
+    step = dense.abs().amax(1, keepdim=True) / 127
+    # half a step from rounding to int8, at most half a step more from holding the scale in bf16 (127 x 2^-8)
+    err = (deq - dense).abs() / step
+    assert float(err.max()) <= 1.0 and float(err.mean()) < 0.4
+    assert head.weight.dtype == torch.int8 and int(head.weight.abs().max()) <= 127
+    zero = Int8Head.quantize(torch.zeros(4, 64))  # an all-zero row does not divide by zero
+    assert torch.equal(zero.logits(torch.ones(1, 64)), torch.zeros(1, 4))
+
+
+def test_dense_model_keeps_the_dense_head(tiny_model_dir: Path) -> None:
+    w = load_weights(tiny_model_dir)
+    model = LlamaModel(w.arch, w.tensors, torch.float32, torch.device("cpu"), make_attention_backend("torch_sdpa"))
+    assert model.lm_head_int8 is None  # no 4-bit linears (float32 stays transformers-identical)
