@@ -166,5 +166,5 @@ class LlamaModel:
             x = x + linear(F.silu(gate) * up, lw.down, q4 and q4.down)
         last = rms_norm(x[logit_rows], self.norm, arch.rms_norm_eps)
         if narrow and self.lm_head_int8 is not None:
-            return self.lm_head_int8.logits(last)
+            return self.lm_head_int8.logits(last, self.lm_head)
         return F.linear(last, self.lm_head).float()

@@ -18,7 +18,20 @@ def test_kernel_equals_its_dequantized_weights() -> None:
     head = Int8Head.quantize(dense)
     x = torch.randn(3, 64, generator=g).to(KERNEL_DTYPE).float()  # what the kernel sees
     want = x @ (head.weight.float() * head.scales.float()[:, None]).T
-    torch.testing.assert_close(head.logits(x), want, atol=2e-2 * want.abs().max().item(), rtol=2e-2)
+    torch.testing.assert_close(head.approx_logits(x), want, atol=2e-2 * want.abs().max().item(), rtol=2e-2)
+
+
+def test_rescored_top_logits_are_the_dense_ones_and_greedy_agrees() -> None:
+    g = torch.Generator().manual_seed(2)
+    dense = torch.randn(4000, 64, generator=g)
+    head = Int8Head.quantize(dense)
+    x = torch.randn(200, 64, generator=g)
+    want = x @ dense.T
+    got = head.logits(x, dense, rescore=16)
+    top = head.approx_logits(x).topk(16, dim=-1).indices
+    assert torch.allclose(got.gather(1, top), want.gather(1, top), rtol=1e-5, atol=1e-4)  # exact where rescored
+    assert torch.equal(got.argmax(-1), want.argmax(-1))  # greedy = the dense head's choice, row by row
+    assert not torch.equal(head.approx_logits(x).argmax(-1), want.argmax(-1))  # which int8 alone misses
 
 
 def test_quantization_error_within_one_step_per_weight() -> None:
@@ -32,7 +45,7 @@ def test_quantization_error_within_one_step_per_weight() -> None:
     assert float(err.max()) <= 1.0 and float(err.mean()) < 0.4
     assert head.weight.dtype == torch.int8 and int(head.weight.abs().max()) <= 127
     zero = Int8Head.quantize(torch.zeros(4, 64))  # an all-zero row does not divide by zero
-    assert torch.equal(zero.logits(torch.ones(1, 64)), torch.zeros(1, 4))
+    assert torch.equal(zero.approx_logits(torch.ones(1, 64)), torch.zeros(1, 4))
 
 
 def test_dense_model_keeps_the_dense_head(tiny_model_dir: Path) -> None:
