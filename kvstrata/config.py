@@ -85,8 +85,8 @@ class CacheConfig:
     kvstore_ratio: float = opt(2.0, "L2 host pages as a multiple of the L1 pages", min=0.0)
     kvstore_size: float = opt(0.0, "L2 host memory in GB; overrides --kvstore-ratio when > 0", min=0.0)
     eviction_policy: str = opt(
-        "lru", "L1/L2 eviction order: lru is recency only; slru keeps reused pages (and session "
-        "continuations) past one-off prompts (scan resistance; opt-in, see README)", choices=["slru", "lru"],
+        "slru", "L1/L2 eviction order: slru (segmented LRU) keeps reused pages and session continuations "
+        "past one-off prompts (scan resistance, see README); lru is recency only", choices=["slru", "lru"],
     )
     prompt_cache_retention_quota: float = opt(
         0.5, "share of L2 that prompt_cache_retention \"24h\" pages may hold safe from other traffic",

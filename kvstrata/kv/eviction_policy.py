@@ -9,7 +9,7 @@ Every cached page has a class:
 `--eviction-policy`:
 - `lru`: recency only, as before; PROBATION and PROTECTED are the same (RETAINED still counts: the
   client asked for it).
-- `slru` (opt-in; `lru` is the default): segmented LRU. Every PROBATION page goes before any PROTECTED page, which goes
+- `slru` (the default): segmented LRU. Every PROBATION page goes before any PROTECTED page, which goes
   before any RETAINED page; LRU within a class. A one-off prompt (a batch job, a crawler, a
   summarisation sweep) reuses nothing, so its pages stay PROBATION and cannot flush the prefixes
   sessions come back to. A session's next turn reuses its history, so the pages it adds start
