@@ -25,8 +25,9 @@ import logging
 from typing import Sequence
 
 from kvstrata.kv import eviction_policy as ep
-from kvstrata.kv.hashing import TOKEN_BYTES, chain_hash, salt_bytes, token_bytes, tokens_from_bytes
+from kvstrata.kv.hashing import TOKEN_BYTES, salt_bytes, token_bytes, tokens_from_bytes
 from kvstrata.kv.pool import PagePool
+from kvstrata.kv.radix_check import check_radix
 from kvstrata.kv.radix_node import (  # noqa: F401 - re-exported: callers import them from here
     CacheIntegrityError,
     Evicted,
@@ -311,41 +312,7 @@ class RadixPrefixCache:
 
     def check_integrity(self) -> None:
         """Check the invariants in the module docstring; raise CacheIntegrityError."""
-
-        def fail(msg: str) -> None:
-            raise CacheIntegrityError(msg)
-
-        heap_entries = {(id(n), stamp) for _, _, n, stamp in self._lru}
-        seen: dict[int, Node] = {}
-        evictable = 0
-        for sub in self._top.children.values():
-            salt = salt_bytes(sub.key)  # type: ignore[arg-type]
-            stack = [sub]
-            while stack:
-                node = stack.pop()
-                if node.lock_ref != node.pins + sum(c.lock_ref for c in node.children.values()):
-                    fail(f"lock_ref {node.lock_ref} != pins {node.pins} + children's at page {node.page}")
-                for key, child in node.children.items():
-                    if child.parent is not node or child.key != key or child.page is None:
-                        fail(f"child link broken at page {child.page}")
-                    if len(key) != self.page_size * TOKEN_BYTES:
-                        fail(f"page {child.page} key holds {len(key)} bytes")
-                    if child.hash != chain_hash(node.hash, key, salt):  # type: ignore[arg-type]
-                        fail(f"page {child.page} hash does not chain from its parent")
-                    if child.page in seen:
-                        fail(f"page {child.page} cached twice")
-                    seen[child.page] = child
-                    if not self.pool.is_in_use(child.page):
-                        fail(f"cached page {child.page} is not in use in the pool")
-                    if child.lock_ref == 0:
-                        evictable += 1
-                        if not child.children and (id(child), child.last_access) not in heap_entries:
-                            fail(f"evictable leaf page {child.page} missing from the LRU heap")
-                    stack.append(child)
-        if seen.keys() != self._page_node.keys() or any(seen[p] is not n for p, n in self._page_node.items()):
-            fail("page index disagrees with the tree")
-        if evictable != self._num_evictable:
-            fail(f"evictable count {self._num_evictable} != {evictable} unlocked pages")
+        check_radix(self._top, self._lru, self._page_node, self._num_evictable, self.page_size, self.pool)
 
     # -- internals -------------------------------------------------------------------------------
 
