@@ -24,7 +24,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvstrata.bench.agentic import run_agentic_workload
-from kvstrata.bench.cli import default_tokenizer
+from kvstrata.bench.args import default_tokenizer
 from kvstrata.bench.report import load_tokenizer
 from kvstrata.bench.workloads import AgenticConfig
 from kvstrata.process_tree import pdeathsig_preexec

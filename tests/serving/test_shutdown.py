@@ -18,18 +18,10 @@ import pytest
 
 from kvstrata.engine.async_engine import AsyncEngine
 from kvstrata.serving.shutdown import Lifecycle, drain_then_stop, watch_engine
+from polling import wait_for
 from serving_support import assert_error, make_state, serve
 
 STORY = {"prompt": "once upon a time", "max_tokens": 120, "ignore_eos": True, "stream": True}
-
-
-def wait_for(cond: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 def read_stream(url: str, body: dict[str, Any], first: threading.Event, out: list[Any]) -> None:
@@ -115,7 +107,7 @@ def start_server(
         except httpx.TransportError:
             return False
 
-    if not wait_for(up, 60):
+    if not wait_for(up, 60, interval_s=0.05):
         proc.kill()
         pytest.fail("the server did not come up")
     return proc, url
