@@ -26,8 +26,11 @@ def test_interrupted_compare_stops_the_peer_it_started(tmp_path: Path, tiny_mode
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(DRIVER).parent), os.environ.get("PYTHONPATH", "")])}
+    # SIGINT as a terminal delivers it: a test run started in the background (`make test &`) inherits
+    # SIGINT ignored, and Python keeps an ignored SIGINT ignored
     proc = subprocess.Popen([sys.executable, DRIVER, str(port), str(tmp_path), str(tiny_model_dir)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     peers: set[int] = set()
     try:
         wait_for(lambda: _listening(port) or proc.poll() is not None, "the fake peer listening", 300)
