@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from types import FrameType
 
@@ -26,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvstrata.bench.agentic import run_agentic_workload
 from kvstrata.bench.args import default_tokenizer
 from kvstrata.bench.report import load_tokenizer
+from kvstrata.bench.tiers_ttft import server
 from kvstrata.bench.workloads import AgenticConfig
 from kvstrata.process_tree import pdeathsig_preexec
 from kvstrata.router.launcher import free_port
@@ -74,15 +76,10 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     procs: list[subprocess.Popen[bytes]] = []
+    stack = ExitStack()  # the two servers (bench.tiers_ttft.server: started, health-checked, SIGTERMed)
     try:
-        servers = []
-        for name in ("a", "b"):
-            port = free_port()
-            procs.append(start([sys.executable, "-m", "kvstrata.cli", "serve", "--port", str(port), "--num-threads", "1",
-                                "--log-level", "warning"], logs / f"smg_vs_route-{name}.log"))
-            servers.append(f"http://127.0.0.1:{port}")
-        for url in servers:
-            wait_ok(url, procs)
+        servers = [stack.enter_context(server(["--num-threads", "1"], logs / f"smg_vs_route-{name}.log"))
+                   for name in ("a", "b")]
         route_port, smg_port = free_port(), free_port()
         procs.append(start([sys.executable, "-m", "kvstrata.cli", "route", "--port", str(route_port), "--log-level",
                             "warning", *[a for u in servers for a in ("--worker", u)]], logs / "smg_vs_route-route.log"))
@@ -100,8 +97,8 @@ def main() -> int:
         rows = []
         for rnd in range(ns.rounds):
             for name, url in gateways.items():
-                for server in servers:
-                    httpx.post(server + "/flush_cache", timeout=30).raise_for_status()
+                for backend in servers:
+                    httpx.post(backend + "/flush_cache", timeout=30).raise_for_status()
                 before = [requests_served(s) for s in servers]
                 report = run_agentic_workload(args, url, config, tokenizer, progress=False)
                 share = [requests_served(s) - b for s, b in zip(servers, before)]
@@ -128,6 +125,7 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        stack.close()
 
 
 if __name__ == "__main__":

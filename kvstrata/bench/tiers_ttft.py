@@ -16,7 +16,6 @@ import argparse
 import json
 import random
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,11 +27,8 @@ from typing import Iterator
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from kvstrata.process_tree import pdeathsig_preexec
+from kvstrata.router.launcher import free_port
 
 
 @contextmanager
@@ -40,7 +36,7 @@ def server(extra: list[str], log: Path, startup_timeout_s: float = 300) -> Itera
     port = free_port()
     cmd = [sys.executable, "-m", "kvstrata.cli", "serve", "--port", str(port), "--log-level", "warning", *extra]
     with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pdeathsig_preexec)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + startup_timeout_s
