@@ -22,11 +22,18 @@ $(STAMP): pyproject.toml
 fetch-model: install
 	$(BIN)/kvstrata fetch-model smollm2
 
-serve: install
+serve: install cxx-deps
 	$(BIN)/kvstrata serve --model smollm2 --host $(HOST) --port $(PORT) $(ARGS)
 
-test: install fetch-model store-deps browser-deps
+test: install fetch-model store-deps browser-deps cxx-deps
 	$(BIN)/python -m pytest -q $(ARGS)
+
+# The CPU decode-attention kernel (kvstrata/model/csrc/) is compiled with g++ on first use (ninja comes from pip);
+# without a compiler the server still runs, on the slower torch path, so install g++ once where it is missing.
+.PHONY: cxx-deps
+cxx-deps:
+	@command -v g++ >/dev/null || \
+	  { $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q g++; }
 
 # The dashboard test (tests/serving/test_dashboard_browser.py) drives Debian's chromium with Playwright
 # (`executable_path=/usr/bin/chromium`; never `playwright install`); install the package once.

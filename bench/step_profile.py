@@ -1,7 +1,7 @@
 """Where one engine step's time goes: a cold prefill and decode steps at batch 1 and 8, offline.
 
     PYTHONPATH=. python bench/step_profile.py [--dtype float32] [--prefill 2048] [--context 2048]
-        [--decode-steps 32] [--profile] [--q4-decode off]
+        [--decode-steps 32] [--profile] [--q4-decode off] [--attention-backend auto|torch_sdpa|cpu_paged]
 
 Prints wall ms for the cold prefill of one `--prefill`-token prompt and ms per decode step at batch 1
 (one `--context`-token prompt) and batch 8 (eight `--context // 4`-token prompts); with `--profile`
@@ -78,9 +78,11 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=2048)
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--attention-backend", default="auto", help="torch_sdpa, cpu_paged or auto (the server's default)")
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
-    llm = LLM(a.model, dtype=a.dtype, q4_decode=a.q4_decode, enable_prefix_caching=False, max_total_tokens=16384)
+    llm = LLM(a.model, dtype=a.dtype, q4_decode=a.q4_decode, enable_prefix_caching=False, max_total_tokens=16384,
+              attention_backend=a.attention_backend)
     llm.generate([prompts(9, 1, 64)[0]], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
     long_prompt = prompts(0, 1, a.prefill)[0]
     one = SamplingParams(max_tokens=1, temperature=0.0)

@@ -37,7 +37,13 @@ class ModelConfig:
     device: str = opt("cpu", "torch device: cpu or cuda[:N]")
     max_model_len: int | None = opt(None, "context length limit (default: the model's own)", min=2)
     num_threads: int | None = opt(None, "torch intra-op threads on CPU (default: all cores)", min=1)
-    attention_backend: str = opt("torch_sdpa", "attention implementation", choices=["torch_sdpa"])
+    attention_backend: str = opt(
+        "auto",
+        "attention implementation: torch_sdpa (page gather + torch SDPA/matmuls), cpu_paged (decode rows "
+        "read K/V pages in place in our C++ kernel, built with g++ on first use and cached under "
+        "$KVSTRATA_HOME; prefill as torch_sdpa); auto = cpu_paged on CPU where it builds, else torch_sdpa",
+        choices=["auto", "torch_sdpa", "cpu_paged"],
+    )
     q4_decode: str = opt(
         "auto",
         "run decode steps (<= 8 rows) on a GGUF's own Q4_0/Q4_1 weights with torch's CPU int4 kernel "

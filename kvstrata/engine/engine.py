@@ -68,7 +68,11 @@ class Engine:
         weights = load_weights(path, keep_q4=want_q4)
         arch = weights.arch
         self.tokenizer = Tokenizer.from_path(path)
-        attention = make_attention_backend(model_cfg.attention_backend)
+        try:
+            attention = make_attention_backend(model_cfg.attention_backend, device)
+        except (ValueError, RuntimeError) as exc:
+            raise ConfigError(f"--attention-backend {model_cfg.attention_backend}: {exc}") from None
+        log.info("attention backend: %s", type(attention).__name__)
         self.model = LlamaModel(arch, weights.tensors, dtype, device, attention, q4=weights.q4)
         if model_cfg.q4_decode == "on" and not self.model.uses_int4:
             raise ConfigError(f"--q4-decode on: {path.name} has no Q4_0/Q4_1 linears; use a Q4 GGUF or --q4-decode off")

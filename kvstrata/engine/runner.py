@@ -97,7 +97,9 @@ class ModelRunner:
             meta.decode_pages = dpages.view(len(decode_rows), pmax)  # padded with page 0
             meta.decode_mask = (torch.arange(pmax * ps, device=self.device)[None, :] < dlens[:, None])[:, None, None, :]
             meta.decode_lens = decode_lens
-            meta.decode_shared_pages = shared_leading_pages(decode_tables, decode_lens, ps)
+            meta.decode_lens_t = dlens
+            if self.model.attention.reads_shared_pages_once:  # cascade_attention.py
+                meta.decode_shared_pages = shared_leading_pages(decode_tables, decode_lens, ps)
         return input_ids, pos, meta, logit_t
 
     def run(self, batch: ScheduledBatch) -> list[int | None]:

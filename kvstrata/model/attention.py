@@ -13,7 +13,8 @@ K/V are gathered a page at a time (one contiguous page_size * Hkv * D block per 
 copies far faster than gathering token slots.
 
 Backends are chosen by name from ATTENTION_BACKENDS (a fused CUDA paged-attention kernel plugs in
-here without touching the model).
+here without touching the model): `torch_sdpa` is the above; `cpu_paged` runs decode rows with our
+C++ kernel (cpu_kernels.py), which reads the pages in place; `auto` picks cpu_paged on CPU.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from typing import Callable, Protocol
 import torch
 import torch.nn.functional as F
 
+from kvstrata.model import cpu_kernels
 from kvstrata.model.cascade_attention import cascade_decode_attention
 
 
@@ -44,10 +46,13 @@ class AttentionMetadata:
     decode_pages: torch.Tensor | None = None  # [B, Pmax] long, padded with page 0
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, Pmax * page_size] bool: True = real token
     decode_lens: list[int] | None = None  # [B] context length of each decode row
+    decode_lens_t: torch.Tensor | None = None  # the same lengths as a [B] long tensor on the device
     decode_shared_pages: int = 0  # leading pages all decode rows share (cascade_attention.py), 0 = off
 
 
 class AttentionBackend(Protocol):
+    reads_shared_pages_once: bool  # wants meta.decode_shared_pages (cascade decode), else it stays 0
+
     def forward(
         self,
         q: torch.Tensor,  # [T, H, D]
@@ -95,6 +100,8 @@ def grouped_decode_attention(
 
 class TorchSDPABackend:
     """Page gather, then SDPA for prefill chunks and grouped matmuls for decode rows."""
+
+    reads_shared_pages_once = True
 
     def forward(
         self,
@@ -145,10 +152,46 @@ class TorchSDPABackend:
         return grouped_decode_attention(q, k, v, meta.decode_mask)
 
 
-ATTENTION_BACKENDS: dict[str, Callable[[], AttentionBackend]] = {"torch_sdpa": TorchSDPABackend}
+class CpuPagedBackend(TorchSDPABackend):
+    """Prefill as TorchSDPABackend; decode rows with our C++ kernel (csrc/paged_decode.cpp), which
+    reads each row's K/V pages in place: no gather, no head-major copy, one op a layer. Pages that
+    rows share are read by each row, from the CPU's caches after the first (no cascade split)."""
+
+    reads_shared_pages_once = False
+
+    def __init__(self) -> None:
+        if not cpu_kernels.load_paged_decode():
+            raise RuntimeError("the cpu_paged attention backend needs its C++ kernel, which did not build here")
+
+    @staticmethod
+    def _decode(
+        q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        assert meta.decode_pages is not None and meta.decode_lens_t is not None
+        if not cpu_kernels.paged_decode_supports(q, k_cache):  # e.g. a head size it is not built for
+            return TorchSDPABackend._decode(q, k_cache, v_cache, meta)
+        return cpu_kernels.paged_decode(q, k_cache, v_cache, meta.decode_pages, meta.decode_lens_t, meta.page_size)
 
 
-def make_attention_backend(name: str) -> AttentionBackend:
+ATTENTION_BACKENDS: dict[str, Callable[[], AttentionBackend]] = {
+    "torch_sdpa": TorchSDPABackend,
+    "cpu_paged": CpuPagedBackend,
+}
+
+
+def resolve_attention_backend(name: str, device: torch.device) -> str:
+    """`auto`: cpu_paged on CPU where its kernel builds (else torch_sdpa, logged), torch_sdpa on CUDA."""
+    if name != "auto":
+        return name
+    if device.type == "cpu" and cpu_kernels.load_paged_decode():
+        return "cpu_paged"
+    return "torch_sdpa"
+
+
+def make_attention_backend(name: str, device: torch.device | None = None) -> AttentionBackend:
+    name = resolve_attention_backend(name, device or torch.device("cpu"))
     if name not in ATTENTION_BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; choose from {sorted(ATTENTION_BACKENDS)}")
+        raise ValueError(f"unknown attention backend {name!r}; choose from {sorted(ATTENTION_BACKENDS)} or auto")
+    if name == "cpu_paged" and device is not None and device.type != "cpu":
+        raise ValueError(f"the cpu_paged attention backend runs on CPU only, not {device}")
     return ATTENTION_BACKENDS[name]()

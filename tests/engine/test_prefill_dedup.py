@@ -24,9 +24,10 @@ def test_shared_full_pages() -> None:
     assert shared_full_pages([1] * 5, [1] * 5, PS) == 0
 
 
-def _run(tiny_model_dir: Path, dedup: bool, prompts: list[list[int]]) -> tuple[list[list[int]], int]:
+def _run(tiny_model_dir: Path, dedup: bool, prompts: list[list[int]],
+         attention_backend: str = "auto") -> tuple[list[list[int]], int]:
     llm = LLM(str(tiny_model_dir), dtype="float32", max_total_tokens=4096, chunked_prefill_size=64,
-              max_num_batched_tokens=256, dedup_prefill=dedup)
+              max_num_batched_tokens=256, dedup_prefill=dedup, attention_backend=attention_backend)
     eng = llm.engine
     for i, p in enumerate(prompts):
         eng.add_request(f"r{i}", p, GREEDY)
@@ -72,7 +73,8 @@ def test_other_tenants_do_not_wait(tiny_model_dir: Path) -> None:
 
 
 def test_shared_prefix_batch_matches_each_alone(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Four sessions decoding together on shared pages (cascade attention) == each one alone."""
+    """Four sessions decoding together on shared pages (cascade attention, which the torch_sdpa
+    backend takes; cpu_paged reads shared pages in place) == each one alone."""
     from kvstrata.model import attention
 
     calls: list[int] = []
@@ -85,9 +87,9 @@ def test_shared_prefix_batch_matches_each_alone(tiny_model_dir: Path, monkeypatc
     rng = random.Random(1)
     system = [rng.randrange(3, 49000) for _ in range(200)]
     prompts = [system + [rng.randrange(3, 49000) for _ in range(5 + 9 * i)] for i in range(4)]
-    together, _ = _run(tiny_model_dir, True, prompts)
+    together, _ = _run(tiny_model_dir, True, prompts, "torch_sdpa")
     assert calls and max(calls) == 4  # the batch did decode through the cascade path
     calls.clear()
-    alone = [_run(tiny_model_dir, True, [p])[0][0] for p in prompts]
+    alone = [_run(tiny_model_dir, True, [p], "torch_sdpa")[0][0] for p in prompts]
     assert together == alone
     assert not calls  # one row alone never takes it

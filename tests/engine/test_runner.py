@@ -9,12 +9,14 @@ from kvstrata.engine.request import Request
 from kvstrata.engine.runner import DECODE_PAD_TOKENS, ModelRunner, slot_range
 from kvstrata.engine.sampling_params import SamplingParams
 from kvstrata.engine.scheduler import ScheduledBatch
+from kvstrata.model.attention import TorchSDPABackend
 
 PS = 16
 
 
 class _Model:
     device = torch.device("cpu")
+    attention = TorchSDPABackend()  # wants the shared-page count, so prepare() computes it too
 
 
 class _Pool:
@@ -63,3 +65,4 @@ def test_prepare_matches_the_per_token_definitions() -> None:
     assert meta.decode_pages.tolist() == [reqs[0].pages[:19] + [0] * (pmax - 19), reqs[2].pages[:3] + [0] * (pmax - 3)]
     assert meta.decode_mask.shape == (2, 1, 1, pmax * PS)
     assert meta.decode_mask[:, 0, 0].sum(-1).tolist() == [300, 47] and meta.decode_lens == [300, 47]
+    assert meta.decode_lens_t is not None and meta.decode_lens_t.tolist() == [300, 47]

@@ -1,0 +1,228 @@
+// Paged decode attention on CPU: one query token per sequence, K/V read in place from the page pool.
+//
+// The torch path gathers every row's pages into a contiguous copy, transposes it head-major and
+// runs two matmuls; at a 2k context that is three passes over the K/V bytes and ~10 ops a layer.
+// Here each work item (row, KV head, span of the context) streams its pages once: scores for the
+// G query heads that share the KV head, an online softmax per block of tokens, and the weighted
+// sum of V, all in float32 registers. Long contexts are split into spans so that both cores work
+// on a batch of one; spans are merged by their log-sum-exp (as flash-decoding does).
+//
+// Registered as torch.ops.kvstrata.paged_decode (no pybind, no Python.h): built and loaded by
+// kvstrata/model/cpu_kernels.py with -O3 -march=native, cached per source, torch and CPU.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int kBlock = 32;   // tokens scored before one softmax rescale
+constexpr int kMaxGroup = 16;  // query heads per KV head
+constexpr int64_t kMaxSplits = 64;  // spans per (row, KV head): the merge keeps their weights on the stack
+
+template <typename T>
+inline float to_float(T x) { return static_cast<float>(x); }
+
+template <>
+inline float to_float(c10::BFloat16 x) {  // the high half of a float: a shift the compiler vectorizes
+  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// exp(x) for x <= 0 in arithmetic and bit operations only, so `omp simd` vectorizes it (std::exp stays a
+// scalar call): x = n ln2 + r with |r| <= ln2 / 2, exp(r) by Cephes' degree-5 polynomial (~1 ulp), 2^n
+// written into the exponent bits. Below -87 the result is 0's neighbour (2^-126), weight ~0 either way.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// token t's row (one KV head, D values) of a paged cache, as floats
+template <typename scalar_t, int D>
+inline void load_row(const scalar_t* cache, const int64_t* pages, int64_t page_size, int64_t stride, int64_t t,
+                     float* dst) {
+  const scalar_t* row = cache + (pages[t / page_size] * page_size + t % page_size) * stride;
+#pragma omp simd
+  for (int d = 0; d < D; ++d) dst[d] = to_float(row[d]);
+}
+
+struct Partial {  // one span's unnormalised result: acc = sum p * v, l = sum p, m = max score
+  float* acc;  // [G, D]
+  float* m;    // [G]
+  float* l;    // [G]
+};
+
+template <typename scalar_t, int D>
+void attend_span(const float* qf, int G, const scalar_t* k, const scalar_t* v, int64_t hkv_stride,
+                 const int64_t* pages, int64_t page_size, int64_t begin, int64_t end, Partial out) {
+  // a block's K (then V) rows as floats, and the G x block scores: each loop below is a plain
+  // D-wide (or block-wide) loop over contiguous floats, which the compiler vectorizes, with the
+  // accumulators of the V pass held in registers across the block
+  alignas(64) float rows[kBlock][D];
+  alignas(64) float s[kMaxGroup][kBlock];
+  for (int g = 0; g < G; ++g) {
+    out.m[g] = -std::numeric_limits<float>::infinity();
+    out.l[g] = 0.f;
+    for (int d = 0; d < D; ++d) out.acc[g * D + d] = 0.f;
+  }
+  for (int64_t t0 = begin; t0 < end; t0 += kBlock) {
+    const int n = static_cast<int>(std::min<int64_t>(kBlock, end - t0));
+    for (int j = 0; j < n; ++j) load_row<scalar_t, D>(k, pages, page_size, hkv_stride, t0 + j, rows[j]);
+    for (int g = 0; g < G; ++g) {
+      const float* qg = qf + g * D;
+      for (int j = 0; j < n; ++j) {
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+        for (int d = 0; d < D; ++d) dot += qg[d] * rows[j][d];
+        s[g][j] = dot;
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      float bm = out.m[g];
+      for (int j = 0; j < n; ++j) bm = std::max(bm, s[g][j]);
+      const float scale = std::exp(out.m[g] - bm);  // 0 on the first block (m = -inf)
+      out.m[g] = bm;
+      float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+      for (int j = 0; j < n; ++j) {
+        s[g][j] = exp_nonpositive(s[g][j] - bm);
+        sum += s[g][j];
+      }
+      out.l[g] = out.l[g] * scale + sum;
+      float* acc = out.acc + g * D;
+#pragma omp simd
+      for (int d = 0; d < D; ++d) acc[d] *= scale;
+    }
+    for (int j = 0; j < n; ++j) load_row<scalar_t, D>(v, pages, page_size, hkv_stride, t0 + j, rows[j]);
+    for (int g = 0; g < G; ++g) {
+      alignas(64) float a[D];
+      float* acc = out.acc + g * D;
+      for (int d = 0; d < D; ++d) a[d] = acc[d];
+      for (int j = 0; j < n; ++j) {
+        const float p = s[g][j];
+#pragma omp simd
+        for (int d = 0; d < D; ++d) a[d] += p * rows[j][d];
+      }
+      for (int d = 0; d < D; ++d) acc[d] = a[d];
+    }
+  }
+}
+
+template <typename scalar_t, int D>
+void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                       const at::Tensor& pages, const at::Tensor& lens, int64_t page_size, at::Tensor& out) {
+  const int64_t B = q.size(0), H = q.size(1), Hkv = k_cache.size(1), P = pages.size(1);
+  const int G = static_cast<int>(H / Hkv);
+  const int64_t* lens_p = lens.data_ptr<int64_t>();
+  const int64_t* pages_p = pages.data_ptr<int64_t>();
+  int64_t max_len = 1;
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(lens_p[b] >= 1 && lens_p[b] <= P * page_size, "row ", b, ": length ", lens_p[b], " outside its pages");
+    max_len = std::max(max_len, lens_p[b]);
+  }
+  // enough spans for every thread to have ~4 items, none shorter than 256 tokens
+  const int64_t threads = at::get_num_threads();
+  const int64_t want = (4 * threads + B * Hkv - 1) / (B * Hkv);
+  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>({want, (max_len + 255) / 256, kMaxSplits}));
+  const int64_t span = ((max_len + splits - 1) / splits + kBlock - 1) / kBlock * kBlock;
+  std::vector<float> acc(B * Hkv * splits * G * D), ms(B * Hkv * splits * G), ls(B * Hkv * splits * G);
+  const scalar_t* q_p = q.data_ptr<scalar_t>();
+  const scalar_t* k_p = k_cache.data_ptr<scalar_t>();
+  const scalar_t* v_p = v_cache.data_ptr<scalar_t>();
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  at::parallel_for(0, B * Hkv * splits, 1, [&](int64_t first, int64_t last) {
+    float qf[kMaxGroup * D];
+    for (int64_t item = first; item < last; ++item) {
+      const int64_t b = item / (Hkv * splits), h = (item / splits) % Hkv, sp = item % splits;
+      const int64_t begin = sp * span, end = std::min(lens_p[b], begin + span);
+      const int64_t base = item * G;
+      Partial part{acc.data() + base * D, ms.data() + base, ls.data() + base};
+      if (begin >= end) {  // a short row's empty span: weight 0 in the merge
+        for (int g = 0; g < G; ++g) {
+          part.m[g] = -std::numeric_limits<float>::infinity();
+          part.l[g] = 0.f;
+        }
+        continue;
+      }
+      const scalar_t* qh = q_p + (b * H + h * G) * D;
+      for (int i = 0; i < G * D; ++i) qf[i] = to_float(qh[i]) * scale;
+      attend_span<scalar_t, D>(qf, G, k_p + h * D, v_p + h * D, Hkv * D, pages_p + b * P, page_size, begin, end, part);
+    }
+  });
+  scalar_t* o_p = out.data_ptr<scalar_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < Hkv; ++h) {
+      for (int g = 0; g < G; ++g) {
+        const int64_t first = ((b * Hkv + h) * splits) * G + g;  // span 0 of this head, row g
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t sp = 0; sp < splits; ++sp) m = std::max(m, ms[first + sp * G]);
+        float w[kMaxSplits];
+        float l = 0.f;
+        for (int64_t sp = 0; sp < splits; ++sp) {
+          w[sp] = ls[first + sp * G] > 0.f ? std::exp(ms[first + sp * G] - m) : 0.f;
+          l += w[sp] * ls[first + sp * G];
+        }
+        scalar_t* o = o_p + (b * H + h * G + g) * D;
+        for (int d = 0; d < D; ++d) {
+          float x = 0.f;
+          for (int64_t sp = 0; sp < splits; ++sp) x += w[sp] * acc[(first + sp * G) * D + d];
+          o[d] = static_cast<scalar_t>(x / l);
+        }
+      }
+    }
+  }
+}
+
+at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                        const at::Tensor& pages, const at::Tensor& lens, int64_t page_size) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3, "q [B,H,D], caches [S,Hkv,D]");
+  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "contiguous inputs");
+  TORCH_CHECK(pages.scalar_type() == at::kLong && lens.scalar_type() == at::kLong, "int64 pages and lens");
+  TORCH_CHECK(pages.is_contiguous() && lens.is_contiguous() && pages.size(0) == q.size(0), "pages [B,P]");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(), "one dtype");
+  const int64_t H = q.size(1), Hkv = k_cache.size(1), D = q.size(2);
+  TORCH_CHECK(H % Hkv == 0 && H / Hkv <= kMaxGroup, "query heads per KV head <= ", kMaxGroup);
+  TORCH_CHECK(D == k_cache.size(2), "head dim");
+  auto out = at::empty_like(q);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
+    switch (D) {
+      case 16: paged_decode_impl<scalar_t, 16>(q, k_cache, v_cache, pages, lens, page_size, out); break;
+      case 32: paged_decode_impl<scalar_t, 32>(q, k_cache, v_cache, pages, lens, page_size, out); break;
+      case 64: paged_decode_impl<scalar_t, 64>(q, k_cache, v_cache, pages, lens, page_size, out); break;
+      case 128: paged_decode_impl<scalar_t, 128>(q, k_cache, v_cache, pages, lens, page_size, out); break;
+      case 256: paged_decode_impl<scalar_t, 256>(q, k_cache, v_cache, pages, lens, page_size, out); break;
+      default: TORCH_CHECK(false, "head dim must be one of 16, 32, 64, 128, 256; got ", D);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(kvstrata, m) {
+  m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor pages, Tensor lens, int page_size) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(kvstrata, CPU, m) {
+  m.impl("paged_decode", &paged_decode);
+}

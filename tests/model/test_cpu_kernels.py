@@ -1,0 +1,113 @@
+"""The C++ paged decode kernel (kvstrata/model/csrc/paged_decode.cpp) against the torch path it
+replaces: the same attention over random, scattered page tables, for each head size, GQA group,
+dtype and context length it is built for (long contexts are split over spans and merged)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kvstrata.model import cpu_kernels
+from kvstrata.model.attention import gather_pages, grouped_decode_attention
+
+PS = 16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built() -> None:
+    assert cpu_kernels.load_paged_decode(), "the paged decode kernel did not build (see the log)"
+
+
+def case(lens: list[int], heads: int, kv_heads: int, dim: int, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-n // PS) for n in lens]
+    num_pages = sum(need) + 5
+    k = torch.randn(num_pages * PS, kv_heads, dim, generator=g).to(dtype)
+    v = torch.randn(num_pages * PS, kv_heads, dim, generator=g).to(dtype)
+    order = torch.randperm(num_pages, generator=g).tolist()  # pages scattered over the pool
+    width = max(need) + 3  # padded page table, as the runner pads it
+    pages = torch.zeros(len(lens), width, dtype=torch.long)
+    at = 0
+    for b, n in enumerate(need):
+        pages[b, :n] = torch.tensor(order[at : at + n])
+        at += n
+    q = torch.randn(len(lens), heads, dim, generator=g).to(dtype)
+    return q, k, v, pages, torch.tensor(lens, dtype=torch.long)
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    mask = (torch.arange(pages.shape[1] * PS)[None, :] < lens[:, None])[:, None, None, :]
+    return grouped_decode_attention(q.float(), gather_pages(k, pages, PS).float(), gather_pages(v, pages, PS).float(), mask)
+
+
+@pytest.mark.parametrize("dim", cpu_kernels.HEAD_DIMS)
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (4, 4), (16, 1)])
+def test_float32_matches_torch(dim: int, heads: int, kv_heads: int) -> None:
+    lens = [1, 17, 300, 2049]  # one token, part pages, one span, several spans
+    q, k, v, pages, lt = case(lens, heads, kv_heads, dim, torch.float32, seed=dim + heads)
+    out = cpu_kernels.paged_decode(q, k, v, pages, lt, PS)
+    torch.testing.assert_close(out, reference(q, k, v, pages, lt), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_dtypes_match_a_float32_reference(dtype: torch.dtype) -> None:
+    q, k, v, pages, lt = case([5, 700, 4000], 9, 3, 64, dtype, seed=3)
+    out = cpu_kernels.paged_decode(q, k, v, pages, lt, PS)
+    assert out.dtype == dtype
+    # float32 accumulation inside; the only rounding is the output's
+    torch.testing.assert_close(out.float(), reference(q, k, v, pages, lt), atol=1e-2, rtol=1e-2)
+
+
+def test_thread_count_does_not_change_the_result() -> None:
+    q, k, v, pages, lt = case([3000, 20], 9, 3, 64, torch.float32, seed=4)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cpu_kernels.paged_decode(q, k, v, pages, lt, PS)  # one span per row: no merge
+        torch.set_num_threads(2)
+        two = cpu_kernels.paged_decode(q, k, v, pages, lt, PS)  # split spans, merged by LSE
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(one, two, atol=2e-6, rtol=1e-5)
+
+
+def test_bad_inputs_raise_instead_of_reading_out_of_bounds() -> None:
+    q, k, v, pages, lt = case([40], 9, 3, 64, torch.float32)
+    too_long = torch.tensor([pages.shape[1] * PS + 1])
+    with pytest.raises(RuntimeError, match="outside its pages"):
+        cpu_kernels.paged_decode(q, k, v, pages, too_long, PS)
+    with pytest.raises(RuntimeError, match="outside its pages"):
+        cpu_kernels.paged_decode(q, k, v, pages, torch.tensor([0]), PS)
+    with pytest.raises(RuntimeError, match="int64"):
+        cpu_kernels.paged_decode(q, k, v, pages.int(), lt, PS)
+    with pytest.raises(RuntimeError, match="one dtype"):
+        cpu_kernels.paged_decode(q, k.double(), v, pages, lt, PS)
+
+
+def test_supports_names_what_falls_back() -> None:
+    q = torch.zeros(1, 9, 64)
+    assert cpu_kernels.paged_decode_supports(q, torch.zeros(4, 3, 64))
+    assert not cpu_kernels.paged_decode_supports(torch.zeros(1, 9, 80), torch.zeros(4, 3, 80))  # head size
+    assert not cpu_kernels.paged_decode_supports(torch.zeros(1, 32, 64), torch.zeros(4, 1, 64))  # group of 32
+    assert not cpu_kernels.paged_decode_supports(q.double(), torch.zeros(4, 3, 64).double())
+
+
+def test_build_tag_follows_the_source(tmp_path) -> None:
+    other = tmp_path / "paged_decode.cpp"
+    other.write_bytes(cpu_kernels.SOURCE.read_bytes() + b"\n// changed\n")
+    assert cpu_kernels.build_tag(other) != cpu_kernels.build_tag()
+
+
+
+def test_a_lock_left_by_a_killed_build_does_not_hang_the_next() -> None:
+    """torch's build lock is a plain file; one left by a builder killed mid-build made every later
+    load wait forever. In a fresh process (a second load of the library in this one would register
+    the op twice), a leftover lock next to the built library is cleared and the load succeeds."""
+    build_dir = cpu_kernels.model_home() / "torch_extensions" / f"kvstrata_paged_decode_{cpu_kernels.build_tag()}"
+    (build_dir / "lock").write_text("")  # what torch's FileBaton leaves when its holder dies
+    code = "from kvstrata.model import cpu_kernels; print(cpu_kernels.load_paged_decode())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "True", done.stderr[-2000:]
+    assert not (build_dir / "lock").exists()
