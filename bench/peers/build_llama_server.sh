@@ -5,7 +5,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=.peers/llama.cpp
-[ -x "$OUT/bin/llama-server" ] && { echo "$OUT/bin/llama-server exists"; exit 0; }
+# GGML_NATIVE (-march=native) builds llama.cpp's AMX kernels wherever cpuid lists amx_tile; on the
+# Xeon VM of 2026-12-01 llama-server then died of SIGILL on its first matmul (`tilezero` in
+# tinygemm_kernel_amx, from an OpenMP worker), although a plain C program could use the tiles there.
+# So on such CPUs name every other feature the CPU has, one by one, and leave AMX out.
+FLAGS="-DGGML_NATIVE=ON"
+if grep -qw amx_tile /proc/cpuinfo; then
+  FLAGS="-DGGML_NATIVE=OFF"
+  has() { grep -qw "$1" /proc/cpuinfo; }
+  for pair in sse4_2:SSE42 f16c:F16C fma:FMA bmi2:BMI2 avx:AVX avx2:AVX2 avx_vnni:AVX_VNNI avx512bw:AVX512 \
+              avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+    has "${pair%%:*}" && FLAGS="$FLAGS -DGGML_${pair##*:}=ON" || FLAGS="$FLAGS -DGGML_${pair##*:}=OFF"
+  done
+  echo "cpuid lists AMX: building without llama.cpp's AMX kernels: $FLAGS"
+fi
+# a binary built with other flags (another CPU) is rebuilt
+[ -x "$OUT/bin/llama-server" ] && [ "$(cat "$OUT/cmake-flags" 2>/dev/null)" = "$FLAGS" ] && \
+  { echo "$OUT/bin/llama-server exists"; exit 0; }
 PIP=${1:-.venv/bin/pip}
 SRC=.peers/src
 mkdir -p "$SRC" "$OUT/bin"
@@ -13,9 +29,11 @@ ls "$SRC"/llama_cpp_python-*.tar.gz >/dev/null 2>&1 || \
   "$PIP" download -q --no-deps --no-binary :all: -d "$SRC" llama-cpp-python
 tar -xzf "$(ls "$SRC"/llama_cpp_python-*.tar.gz | tail -1)" -C "$SRC"
 TREE=$(ls -d "$SRC"/llama_cpp_python-*/vendor/llama.cpp | tail -1)
-cmake -S "$TREE" -B "$SRC/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
+# shellcheck disable=SC2086  # FLAGS is a list of words
+cmake -S "$TREE" -B "$SRC/build" -DCMAKE_BUILD_TYPE=Release $FLAGS -DBUILD_SHARED_LIBS=OFF \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 cmake --build "$SRC/build" --target llama-server -j "${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
 cp "$SRC/build/bin/llama-server" "$OUT/bin/"
+echo "$FLAGS" > "$OUT/cmake-flags"
 echo "built $OUT/bin/llama-server"
