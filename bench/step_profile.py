@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python bench/step_profile.py [--dtype float32] [--prefill 2048] [--context 2048]
         [--decode-steps 32] [--profile] [--q4-decode off] [--attention-backend auto|torch_sdpa|cpu_paged]
+        [--fused-ops auto|off]
 
 Prints wall ms for the cold prefill of one `--prefill`-token prompt and ms per decode step at batch 1
 (one `--context`-token prompt) and batch 8 (eight `--context // 4`-token prompts); with `--profile`
@@ -79,10 +80,11 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--attention-backend", default="auto", help="torch_sdpa, cpu_paged or auto (the server's default)")
+    ap.add_argument("--fused-ops", default="auto", help="auto (the server's default) or off")
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
     llm = LLM(a.model, dtype=a.dtype, q4_decode=a.q4_decode, enable_prefix_caching=False, max_total_tokens=16384,
-              attention_backend=a.attention_backend)
+              attention_backend=a.attention_backend, fused_ops=a.fused_ops)
     llm.generate([prompts(9, 1, 64)[0]], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
     long_prompt = prompts(0, 1, a.prefill)[0]
     one = SamplingParams(max_tokens=1, temperature=0.0)

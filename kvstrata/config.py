@@ -44,6 +44,13 @@ class ModelConfig:
         "$KVSTRATA_HOME; prefill as torch_sdpa); auto = cpu_paged on CPU where it builds, else torch_sdpa",
         choices=["auto", "torch_sdpa", "cpu_paged"],
     )
+    fused_ops: str = opt(
+        "auto",
+        "RMSNorm with the residual add before it, and RoPE with the K/V write, as one C++ op each "
+        "(kvstrata/model/csrc/) instead of ~10 torch ops; auto = on for CPU models not bound to match transformers exactly "
+        "(bfloat16, or the int4 decode path), off for float32 on dense weights and on CUDA",
+        choices=["auto", "off"],
+    )
     q4_decode: str = opt(
         "auto",
         "run decode steps (<= 8 rows) on a GGUF's own Q4_0/Q4_1 weights with torch's CPU int4 kernel "

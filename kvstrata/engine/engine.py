@@ -72,12 +72,13 @@ class Engine:
             attention = make_attention_backend(model_cfg.attention_backend, device)
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(f"--attention-backend {model_cfg.attention_backend}: {exc}") from None
-        log.info("attention backend: %s", type(attention).__name__)
-        self.model = LlamaModel(arch, weights.tensors, dtype, device, attention, q4=weights.q4)
+        self.model = LlamaModel(arch, weights.tensors, dtype, device, attention, q4=weights.q4,
+                                fused_ops=model_cfg.fused_ops == "auto")
         if model_cfg.q4_decode == "on" and not self.model.uses_int4:
             raise ConfigError(f"--q4-decode on: {path.name} has no Q4_0/Q4_1 linears; use a Q4 GGUF or --q4-decode off")
         del weights.tensors, weights.q4
         log.info("%s", plan.log_line(cpu, self.model.uses_int4))
+        log.info("attention backend: %s; fused norms: %s", type(attention).__name__, self.model.fused_ops)
 
         ps = cache_cfg.page_size
         per_page = PagePool.bytes_per_page(ps, arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype)
@@ -86,8 +87,9 @@ class Engine:
         else:
             num_pages = max(1, int(cache_cfg.kv_cache_memory * 1e9) // per_page)
         self.pool = PagePool(num_pages, ps, arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype, device)
-        # decode-computed K/V differ (slightly) between the int4 and dense paths: separate namespaces
-        layout = "llama-paged-v1" + ("+q4decode" if self.model.uses_int4 else "")
+        # K/V differ (slightly) between the int4 and dense decode paths, and the fused norms round
+        # differently from torch's: separate namespaces
+        layout = "llama-paged-v1" + ("+q4decode" if self.model.uses_int4 else "") + ("+fusedops" if self.model.fused_ops else "")
         root = namespace_root(path.name + ":" + weights.identity, dtype_name, ps, layout)
         policy = cache_cfg.eviction_policy
         cache = RadixPrefixCache(self.pool, ps, root, policy) if cache_cfg.enable_prefix_caching else None

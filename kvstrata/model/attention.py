@@ -160,7 +160,7 @@ class CpuPagedBackend(TorchSDPABackend):
     reads_shared_pages_once = False
 
     def __init__(self) -> None:
-        if not cpu_kernels.load_paged_decode():
+        if not cpu_kernels.load_kernels():
             raise RuntimeError("the cpu_paged attention backend needs its C++ kernel, which did not build here")
 
     @staticmethod
@@ -183,7 +183,7 @@ def resolve_attention_backend(name: str, device: torch.device) -> str:
     """`auto`: cpu_paged on CPU where its kernel builds (else torch_sdpa, logged), torch_sdpa on CUDA."""
     if name != "auto":
         return name
-    if device.type == "cpu" and cpu_kernels.load_paged_decode():
+    if device.type == "cpu" and cpu_kernels.load_kernels():
         return "cpu_paged"
     return "torch_sdpa"
 

@@ -1,11 +1,12 @@
 """Our C++ CPU kernels (kvstrata/model/csrc/), built on first use and cached under $KVSTRATA_HOME.
 
-`load_paged_decode()` compiles csrc/paged_decode.cpp with g++ (-O3 -march=native -fopenmp, through
-torch.utils.cpp_extension, so it links against this torch) into
-$KVSTRATA_HOME/torch_extensions/<tag>, where the tag is a hash of the source, the torch version and
-the CPU's model and flags: a restart loads the built library in milliseconds, and a different CPU
-or torch builds its own. The op lands in torch.ops.kvstrata.paged_decode. A machine without a
-compiler gets None and a logged reason; callers fall back to the torch path.
+`load_kernels()` compiles csrc/*.cpp with g++ (-O3 -march=native -fopenmp, through
+torch.utils.cpp_extension, so it links against this torch) into one library in
+$KVSTRATA_HOME/torch_extensions/<name>, named by a hash of the sources, the torch version and the
+CPU's model and flags: a restart loads the built library in milliseconds, and a different CPU or
+torch builds its own. The ops land in torch.ops.kvstrata: paged_decode (decode attention over the
+page pool), rms_norm, add_rms_norm and rope_store. A machine without a compiler gets False and a logged
+reason; callers keep the torch path.
 """
 from __future__ import annotations
 
@@ -25,15 +26,16 @@ from kvstrata.model.fetch import model_home
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "csrc" / "paged_decode.cpp"
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = (CSRC / "paged_decode.cpp", CSRC / "rms_norm.cpp", CSRC / "rope_store.cpp")  # paged_decode.cpp defines the op library
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"]
 _lock = threading.Lock()
 _loaded: dict[str, bool] = {}
 
 
-def build_tag(source: Path = SOURCE) -> str:
+def build_tag(sources: tuple[Path, ...] = SOURCES) -> str:
     cpu = read_cpu_info()
-    raw = b"|".join([source.read_bytes(), torch.__version__.encode(), cpu.model.encode(),
+    raw = b"|".join([*(p.read_bytes() for p in sources), torch.__version__.encode(), cpu.model.encode(),
                      ",".join(sorted(cpu.flags)).encode(), " ".join(CFLAGS).encode()])
     return hashlib.sha256(raw).hexdigest()[:16]
 
@@ -53,7 +55,7 @@ def _build(name: str, directory: Path) -> None:
         (directory / "lock").unlink(missing_ok=True)
         cpp_extension.load(
             name=name,
-            sources=[str(SOURCE)],
+            sources=[str(p) for p in SOURCES],
             extra_cflags=CFLAGS,
             extra_ldflags=["-fopenmp"],  # DT_NEEDED libgomp.so.1: the dynamic loader reuses torch's copy
             build_directory=str(directory),
@@ -62,27 +64,29 @@ def _build(name: str, directory: Path) -> None:
         )
 
 
-def load_paged_decode() -> bool:
-    """True once torch.ops.kvstrata.paged_decode is usable (building it if needed), False with a
-    logged reason when it cannot be built here."""
+def load_kernels() -> bool:
+    """True once the torch.ops.kvstrata ops are usable (building them if needed), False with a
+    logged reason when they cannot be built here."""
     with _lock:
-        if "paged_decode" in _loaded:
-            return _loaded["paged_decode"]
+        if "kernels" in _loaded:
+            return _loaded["kernels"]
         ok = False
         if shutil.which("g++") is None and shutil.which("c++") is None:
-            log.warning("cpu_kernels: no C++ compiler; decode attention stays on the torch path")
+            log.warning("cpu_kernels: no C++ compiler; attention and norms stay on the torch path")
         else:
             tag = build_tag()
-            name = f"kvstrata_paged_decode_{tag}"
+            name = f"kvstrata_cpu_kernels_{tag}"
             start = time.perf_counter()
             try:
                 _build(name, model_home() / "torch_extensions" / name)
                 ok = hasattr(torch.ops.kvstrata, "paged_decode")
-                log.info("cpu_kernels: paged_decode ready in %.1f s (%s)", time.perf_counter() - start, name)
+                log.info("cpu_kernels: ready in %.1f s (%s)", time.perf_counter() - start, name)
             except Exception as exc:  # a failed build is a slower server, not a dead one
-                log.warning("cpu_kernels: building paged_decode failed (%s); decode attention stays on the torch path",
-                            str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__)
-        _loaded["paged_decode"] = ok
+                lines = str(exc).strip().splitlines()
+                why = next((ln for ln in lines if "error" in ln.lower() and ".cpp" in ln), lines[-1] if lines else "")
+                log.warning("cpu_kernels: the build failed (%s); attention and norms stay on the torch path",
+                            why or type(exc).__name__)
+        _loaded["kernels"] = ok
         return ok
 
 
@@ -102,3 +106,20 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     """q [B, H, D] (one token per row), caches [slots, Hkv, D], pages [B, P] int64, lens [B] int64
     -> [B, H, D]: softmax(q K^T / sqrt(D)) V over each row's first lens[b] tokens, read in place."""
     return torch.ops.kvstrata.paged_decode(q.contiguous(), k_cache, v_cache, pages, lens, page_size)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """LlamaRMSNorm of each row of x [rows, hidden] in one op (csrc/rms_norm.cpp)."""
+    return torch.ops.kvstrata.rms_norm(x, weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x += delta in place (the residual stream), then rms_norm(x), in one op."""
+    return torch.ops.kvstrata.add_rms_norm(x, delta.contiguous(), weight, eps)
+
+
+def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               slots: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
+    """qkv [T, (H + 2 Hkv) * D], cos/sin [T, D] -> q [T, H, D] with RoPE applied; k (rotated) and v
+    written to the caches' rows `slots` [T], in one op (csrc/rope_store.cpp)."""
+    return torch.ops.kvstrata.rope_store(qkv.contiguous(), cos, sin, k_cache, v_cache, slots, heads, kv_heads)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kvstrata.model import cpu_kernels
 from kvstrata.model.arch import ModelArch
 from kvstrata.model.attention import AttentionBackend, AttentionMetadata
 from kvstrata.model.int8_head import Int8Head, int8_head_supported
@@ -85,6 +86,7 @@ class LlamaModel:
         attention: AttentionBackend,
         q4: dict[str, Q4Weight] | None = None,
         q4_max_rows: int = 8,
+        fused_ops: bool = True,
     ) -> None:
         self.arch = arch
         self.q4_max_rows = q4_max_rows
@@ -125,9 +127,51 @@ class LlamaModel:
         self.uses_int4 = any(layer.int4 is not None for layer in self.layers)
         # narrow steps read the LM head in int8 too (int8_head.py); off with the 4-bit linears (--q4-decode off)
         self.lm_head_int8 = Int8Head.quantize(self.lm_head) if self.uses_int4 and int8_head_supported() else None
+        # float32 on the dense weights is bound to match transformers token for token: torch's own ops
+        # there; elsewhere on CPU each norm (and the residual add before it), and RoPE with the K/V
+        # write, is one C++ op (cpu_kernels.py)
+        self.exact = dtype == torch.float32 and not self.uses_int4
+        self.fused_ops = fused_ops and device.type == "cpu" and not self.exact and cpu_kernels.load_kernels()
         cos, sin = rope_tables(arch, device)
         self.cos = cos.to(dtype)  # [max_position, D]
         self.sin = sin.to(dtype)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.fused_ops:
+            return cpu_kernels.rms_norm(x, weight, self.arch.rms_norm_eps)
+        return rms_norm(x, weight, self.arch.rms_norm_eps)
+
+    def _add_norm(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x += delta (in place), then the norm of x."""
+        if self.fused_ops:
+            return cpu_kernels.add_rms_norm(x, delta, weight, self.arch.rms_norm_eps)
+        x.add_(delta)
+        return rms_norm(x, weight, self.arch.rms_norm_eps)
+
+    def _rope_store(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lw: LayerWeights,
+                    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """torch ops: (Qwen3's q/k norms,) RoPE on q and k, k and v into the cache rows `slots`; q [T, H, D]."""
+        arch = self.arch
+        T, H, Hkv, D = qkv.shape[0], arch.num_heads, arch.num_kv_heads, arch.head_dim
+        qk = qkv[:, : (H + Hkv) * D].view(T, H + Hkv, D)  # q and k heads: one RoPE for both
+        v = qkv[:, (H + Hkv) * D :].view(T, Hkv, D)
+        if lw.q_norm is not None and lw.k_norm is not None:
+            qk = torch.cat([rms_norm(qk[:, :H], lw.q_norm, arch.rms_norm_eps),
+                            rms_norm(qk[:, H:], lw.k_norm, arch.rms_norm_eps)], dim=1)
+        qk = qk * cos + rotate_half(qk) * sin
+        k_cache.index_copy_(0, slots, qk[:, H:])
+        v_cache.index_copy_(0, slots, v)
+        return qk[:, :H]
+
+    def _mlp(self, x: torch.Tensor, h: torch.Tensor, li: int, q4: LayerInt4 | None) -> torch.Tensor:
+        """Layer li's MLP on h, added to x in place; returns the next layer's normed input (else h)."""
+        lw = self.layers[li]
+        gate, up = linear(h, lw.gate_up, q4 and q4.gate_up).chunk(2, dim=-1)
+        mlp = linear(F.silu(gate) * up, lw.down, q4 and q4.down)
+        if li + 1 < len(self.layers):
+            return self._add_norm(x, mlp, self.layers[li + 1].input_norm)
+        x.add_(mlp)
+        return h
 
     @torch.inference_mode()
     def forward(
@@ -142,29 +186,22 @@ class LlamaModel:
         arch = self.arch
         H, Hkv, D = arch.num_heads, arch.num_kv_heads, arch.head_dim
         T = input_ids.shape[0]
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1)
-        x = F.embedding(input_ids, self.embed)  # [T, hidden]
+        cos_t, sin_t = self.cos[positions], self.sin[positions]  # [T, D]
+        cos, sin = cos_t.unsqueeze(1), sin_t.unsqueeze(1)  # [T, 1, D]
+        x = F.embedding(input_ids, self.embed)  # [T, hidden]: the residual stream, added to in place
         narrow = T <= self.q4_max_rows
+        h = self._norm(x, self.layers[0].input_norm)
         for li, lw in enumerate(self.layers):
             q4 = lw.int4 if narrow else None
-            h = rms_norm(x, lw.input_norm, arch.rms_norm_eps)
             qkv = linear(h, lw.qkv, q4 and q4.qkv, lw.qkv_bias)  # [T, (H + 2 Hkv) * D]
-            qk = qkv[:, : (H + Hkv) * D].view(T, H + Hkv, D)  # q and k heads: one RoPE for both
-            v = qkv[:, (H + Hkv) * D :].view(T, Hkv, D)
-            if lw.q_norm is not None and lw.k_norm is not None:
-                qk = torch.cat([rms_norm(qk[:, :H], lw.q_norm, arch.rms_norm_eps),
-                                rms_norm(qk[:, H:], lw.k_norm, arch.rms_norm_eps)], dim=1)
-            qk = qk * cos + rotate_half(qk) * sin
-            q, k = qk[:, :H], qk[:, H:]  # [T, H, D], [T, Hkv, D] (views)
-            k_cache[li].index_copy_(0, meta.slot_mapping, k)
-            v_cache[li].index_copy_(0, meta.slot_mapping, v)
+            if self.fused_ops and lw.q_norm is None:  # RoPE + the K/V write in one op
+                q = cpu_kernels.rope_store(qkv, cos_t, sin_t, k_cache[li], v_cache[li], meta.slot_mapping, H, Hkv)
+            else:
+                q = self._rope_store(qkv, cos, sin, lw, k_cache[li], v_cache[li], meta.slot_mapping)
             o = self.attention.forward(q, k_cache[li], v_cache[li], meta)  # [T, H, D]
-            x = x + linear(o.reshape(T, H * D), lw.o, q4 and q4.o)
-            h = rms_norm(x, lw.post_norm, arch.rms_norm_eps)
-            gate, up = linear(h, lw.gate_up, q4 and q4.gate_up).chunk(2, dim=-1)
-            x = x + linear(F.silu(gate) * up, lw.down, q4 and q4.down)
-        last = rms_norm(x[logit_rows], self.norm, arch.rms_norm_eps)
+            h = self._add_norm(x, linear(o.reshape(T, H * D), lw.o, q4 and q4.o), lw.post_norm)
+            h = self._mlp(x, h, li, q4)
+        last = self._norm(x[logit_rows], self.norm)
         if narrow and self.lm_head_int8 is not None:
             return self.lm_head_int8.logits(last, self.lm_head)
         return F.linear(last, self.lm_head).float()

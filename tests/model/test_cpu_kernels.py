@@ -17,7 +17,7 @@ PS = 16
 
 @pytest.fixture(scope="module", autouse=True)
 def built() -> None:
-    assert cpu_kernels.load_paged_decode(), "the paged decode kernel did not build (see the log)"
+    assert cpu_kernels.load_kernels(), "the C++ kernels did not build (see the log)"
 
 
 def case(lens: list[int], heads: int, kv_heads: int, dim: int, dtype: torch.dtype, seed: int = 0):
@@ -96,8 +96,8 @@ def test_supports_names_what_falls_back() -> None:
 
 def test_build_tag_follows_the_source(tmp_path) -> None:
     other = tmp_path / "paged_decode.cpp"
-    other.write_bytes(cpu_kernels.SOURCE.read_bytes() + b"\n// changed\n")
-    assert cpu_kernels.build_tag(other) != cpu_kernels.build_tag()
+    other.write_bytes(cpu_kernels.SOURCES[0].read_bytes() + b"\n// changed\n")
+    assert cpu_kernels.build_tag((other, *cpu_kernels.SOURCES[1:])) != cpu_kernels.build_tag()
 
 
 
@@ -105,9 +105,9 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next() -> None:
     """torch's build lock is a plain file; one left by a builder killed mid-build made every later
     load wait forever. In a fresh process (a second load of the library in this one would register
     the op twice), a leftover lock next to the built library is cleared and the load succeeds."""
-    build_dir = cpu_kernels.model_home() / "torch_extensions" / f"kvstrata_paged_decode_{cpu_kernels.build_tag()}"
+    build_dir = cpu_kernels.model_home() / "torch_extensions" / f"kvstrata_cpu_kernels_{cpu_kernels.build_tag()}"
     (build_dir / "lock").write_text("")  # what torch's FileBaton leaves when its holder dies
-    code = "from kvstrata.model import cpu_kernels; print(cpu_kernels.load_paged_decode())"
+    code = "from kvstrata.model import cpu_kernels; print(cpu_kernels.load_kernels())"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.stdout.strip() == "True", done.stderr[-2000:]
     assert not (build_dir / "lock").exists()
