@@ -113,21 +113,26 @@ class TorchSDPABackend:
         if not meta.prefill and meta.decode_rows is not None and meta.decode_rows.shape[0] == q.shape[0]:
             return self._decode(q, k_cache, v_cache, meta)  # pure decode step: no scatter needed
         out = torch.empty_like(q)
-        ps = meta.page_size
         for seq in meta.prefill:
-            qs = q[seq.q_start : seq.q_start + seq.q_len].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-            ks = gather_pages(k_cache, seq.pages, ps)[: seq.kv_len].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
-            vs = gather_pages(v_cache, seq.pages, ps)[: seq.kv_len].transpose(0, 1).unsqueeze(0)
-            if seq.q_len == seq.kv_len:
-                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
-            else:
-                if seq.mask is None:  # once per forward, not once per layer
-                    seq.mask = _bottom_right_causal(seq.q_len, seq.kv_len, q.device)
-                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=seq.mask, enable_gqa=True)
-            out[seq.q_start : seq.q_start + seq.q_len] = o.squeeze(0).transpose(0, 1)
+            rows = slice(seq.q_start, seq.q_start + seq.q_len)
+            out[rows] = self._prefill(q[rows], k_cache, v_cache, seq, meta.page_size)
         if meta.decode_rows is not None:
             out[meta.decode_rows] = self._decode(q[meta.decode_rows], k_cache, v_cache, meta)
         return out
+
+    @staticmethod
+    def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq: PrefillSeq, ps: int) -> torch.Tensor:
+        """q [n, H, D]: one sequence's chunk -> [n, H, D], causal over its kv_len tokens."""
+        qs = q.transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+        ks = gather_pages(k_cache, seq.pages, ps)[: seq.kv_len].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+        vs = gather_pages(v_cache, seq.pages, ps)[: seq.kv_len].transpose(0, 1).unsqueeze(0)
+        if seq.q_len == seq.kv_len:
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+        else:
+            if seq.mask is None:  # once per forward, not once per layer
+                seq.mask = _bottom_right_causal(seq.q_len, seq.kv_len, q.device)
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=seq.mask, enable_gqa=True)
+        return o.squeeze(0).transpose(0, 1)
 
     @staticmethod
     def _decode(
@@ -153,15 +158,23 @@ class TorchSDPABackend:
 
 
 class CpuPagedBackend(TorchSDPABackend):
-    """Prefill as TorchSDPABackend; decode rows with our C++ kernel (csrc/paged_decode.cpp), which
-    reads each row's K/V pages in place: no gather, no head-major copy, one op a layer. Pages that
-    rows share are read by each row, from the CPU's caches after the first (no cascade split)."""
+    """Decode rows with our C++ kernel (csrc/paged_decode.cpp), which reads each row's K/V pages in
+    place: no gather, no head-major copy, one op a layer. Pages that rows share are read by each
+    row, from the CPU's caches after the first (no cascade split). Prefill chunks in bf16 with
+    csrc/paged_prefill.cpp where it was built (AVX512-BF16: ~2x torch's flash kernel), else as
+    TorchSDPABackend."""
 
     reads_shared_pages_once = False
 
     def __init__(self) -> None:
         if not cpu_kernels.load_kernels():
             raise RuntimeError("the cpu_paged attention backend needs its C++ kernel, which did not build here")
+
+    @staticmethod
+    def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq: PrefillSeq, ps: int) -> torch.Tensor:
+        if not cpu_kernels.paged_prefill_supports(q, k_cache):
+            return TorchSDPABackend._prefill(q, k_cache, v_cache, seq, ps)
+        return cpu_kernels.paged_prefill(q, k_cache, v_cache, seq.pages, seq.kv_len, ps)
 
     @staticmethod
     def _decode(

@@ -5,12 +5,14 @@ torch.utils.cpp_extension, so it links against this torch) into one library in
 $KVSTRATA_HOME/torch_extensions/<name>, named by a hash of the sources, the torch version and the
 CPU's model and flags: a restart loads the built library in milliseconds, and a different CPU or
 torch builds its own. The ops land in torch.ops.kvstrata: paged_decode (decode attention over the
-page pool), rms_norm, add_rms_norm and rope_store. A machine without a compiler gets False and a logged
+page pool), paged_prefill (causal prefill attention over the pages in bf16, on AVX512-BF16 dot
+products where the CPU has them), rms_norm, add_rms_norm and rope_store. A machine without a compiler gets False and a logged
 reason; callers keep the torch path.
 """
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -27,7 +29,9 @@ from kvstrata.model.fetch import model_home
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = (CSRC / "paged_decode.cpp", CSRC / "rms_norm.cpp", CSRC / "rope_store.cpp")  # paged_decode.cpp defines the op library
+SOURCES = (CSRC / "paged_decode.cpp", CSRC / "paged_prefill.cpp", CSRC / "rms_norm.cpp",
+           CSRC / "rope_store.cpp")  # paged_decode.cpp defines the op library
+HEADERS = (CSRC / "exp_approx.h", CSRC / "paged_prefill_portable.h")  # included by the sources: in the build tag too
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"]
 _lock = threading.Lock()
 _loaded: dict[str, bool] = {}
@@ -35,7 +39,7 @@ _loaded: dict[str, bool] = {}
 
 def build_tag(sources: tuple[Path, ...] = SOURCES) -> str:
     cpu = read_cpu_info()
-    raw = b"|".join([*(p.read_bytes() for p in sources), torch.__version__.encode(), cpu.model.encode(),
+    raw = b"|".join([*(p.read_bytes() for p in (*sources, *HEADERS)), torch.__version__.encode(), cpu.model.encode(),
                      ",".join(sorted(cpu.flags)).encode(), " ".join(CFLAGS).encode()])
     return hashlib.sha256(raw).hexdigest()[:16]
 
@@ -90,7 +94,7 @@ def load_kernels() -> bool:
         return ok
 
 
-HEAD_DIMS = (16, 32, 64, 128, 256)  # the head sizes paged_decode.cpp is instantiated for
+HEAD_DIMS = (16, 32, 64, 128, 256)  # the head sizes paged_decode.cpp and paged_prefill.cpp are instantiated for
 MAX_GROUP = 16  # query heads per KV head it handles (kMaxGroup)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -106,6 +110,27 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     """q [B, H, D] (one token per row), caches [slots, Hkv, D], pages [B, P] int64, lens [B] int64
     -> [B, H, D]: softmax(q K^T / sqrt(D)) V over each row's first lens[b] tokens, read in place."""
     return torch.ops.kvstrata.paged_decode(q.contiguous(), k_cache, v_cache, pages, lens, page_size)
+
+
+@functools.cache
+def native_bf16_dot() -> bool:
+    """Whether this CPU has vdpbf16ps (AVX512-BF16), which paged_prefill.cpp is built on with -march=native."""
+    return "avx512_bf16" in read_cpu_info().flags
+
+
+def paged_prefill_supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the engine runs this prefill chunk with the kernel: bf16, a head size it is built for,
+    on a CPU with AVX512-BF16 (where it was measured ~2x torch's flash kernel). Elsewhere the op
+    still works (portable code, for its tests) but is not measured against torch, so SDPA stays."""
+    return (q.device.type == "cpu" and q.dtype == torch.bfloat16 and k_cache.dtype == torch.bfloat16
+            and q.shape[-1] in HEAD_DIMS and q.shape[1] % k_cache.shape[1] == 0 and native_bf16_dot())
+
+
+def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pages: torch.Tensor,
+                  kv_len: int, page_size: int) -> torch.Tensor:
+    """q [n, H, D]: the last n of a sequence's kv_len tokens, whose K/V are already in its pages [P]
+    -> [n, H, D]: causal softmax(q K^T / sqrt(D)) V (query i sees tokens <= kv_len - n + i)."""
+    return torch.ops.kvstrata.paged_prefill(q.contiguous(), k_cache, v_cache, pages.contiguous(), kv_len, page_size)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

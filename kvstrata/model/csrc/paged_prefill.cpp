@@ -1,0 +1,283 @@
+// Paged prefill attention on CPU in bf16 with AVX-512 BF16 dot products (vdpbf16ps).
+//
+// torch's CPU flash kernel reaches ~55 GFLOP/s on SmolLM2's shapes (9 heads of 64, 3 KV heads) where
+// the bf16 GEMMs reach ~180, so attention was half of a 2k-token cold prefill. Here one sequence's
+// chunk of n queries (at positions kv_len - n .. kv_len - 1) attends causally over its kv_len tokens,
+// read from the page pool:
+//   1. K and V are packed once per call into the pair layout vdpbf16ps wants, per KV head and block
+//      of kBk tokens: Kp[p][j] = (k[j][2p], k[j][2p+1]), Vp[jp][d] = (v[2jp][d], v[2jp+1][d]) as 32-bit
+//      lanes, zero past kv_len;
+//   2. each work item is (KV head, block of kBq queries): its M = kBq x G query rows (the G query heads
+//      that share the KV head) walk the K/V blocks up to the causal limit: scores S = q.k / sqrt(D) in
+//      float32 (tiles of 6 rows x 64 tokens in 24 registers), an online softmax per row, P rounded to
+//      bf16 (as torch's flash kernel does), O += P V in float32 (tiles of rows x D).
+// A row's result depends only on its own position: K/V blocks are aligned to absolute token positions
+// and masked tokens get weight exactly 0, so the same query gives the same bits whatever chunk or tile
+// it is computed in (prefix cache on == off). Without AVX512-BF16 the same tiles run as portable code
+// (each pair's two products added in the instruction's order, odd element first), far slower: there
+// the engine runs float32 prefill anyway (dtype_plan.py), and this path keeps the op and its tests
+// alive on every CPU.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define KVSTRATA_AVX512BF16 1
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "exp_approx.h"
+
+namespace {
+
+constexpr int kBk = 64;  // tokens per K/V block: 4 vectors of 16 scores
+constexpr int kBq = 32;  // queries per work item
+constexpr int kRows = 6;  // score tile: 6 rows x 4 vectors = 24 accumulators
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+#if KVSTRATA_AVX512BF16
+// exp(x) for x <= 0 (x = n ln2 + r, Cephes' degree-5 polynomial for exp(r), 2^n into the exponent),
+// 16 lanes; lanes that are -inf (masked tokens) give exactly 0
+inline __m512 exp_nonpositive(__m512 x) {
+  const __mmask16 masked = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ);
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(static_cast<__mmask16>(~masked), p, _mm512_castsi512_ps(e));
+}
+
+inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
+
+// S[r][0..63] = q_r . Kp block for R rows; q32[r] = row r's D/2 bf16 pairs
+template <int D, int R>
+inline void score_tile(const uint32_t* const* q32, const uint32_t* kp, float scale, float* s) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int p = 0; p < D / 2; ++p) {
+    __m512i k[4];
+    for (int c = 0; c < 4; ++c) k[c] = _mm512_loadu_si512(kp + p * kBk + 16 * c);
+    for (int r = 0; r < R; ++r) {
+      const __m512i qb = _mm512_set1_epi32(static_cast<int>(q32[r][p]));
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], as_bh(qb), as_bh(k[c]));
+    }
+  }
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(s + r * kBk + 16 * c, _mm512_mul_ps(acc[r][c], sc));
+}
+
+// O[r] = O[r] * alpha[r] + P[r] . Vp block for R rows; p32[r] = row r's kBk/2 bf16 pairs
+template <int D, int R>
+inline void pv_tile(const uint32_t* p32, const uint32_t* vp, const float* alpha, float* o) {
+  constexpr int NV = D / 16;
+  __m512 acc[R][NV];
+  for (int r = 0; r < R; ++r) {
+    const __m512 a = _mm512_set1_ps(alpha[r]);
+    for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(o + r * D + 16 * c), a);
+  }
+  for (int jp = 0; jp < kBk / 2; ++jp) {
+    __m512i v[NV];
+    for (int c = 0; c < NV; ++c) v[c] = _mm512_loadu_si512(vp + jp * D + 16 * c);
+    for (int r = 0; r < R; ++r) {
+      const __m512i pb = _mm512_set1_epi32(static_cast<int>(p32[r * (kBk / 2) + jp]));
+      for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], as_bh(pb), as_bh(v[c]));
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + r * D + 16 * c, acc[r][c]);
+}
+
+// one row's block of scores sr[kBk] (-inf where masked) into the online softmax: m (running max), l
+// (running sum) and alpha (the factor for the row's earlier output) updated, P as bf16 pairs in pr
+inline void softmax_block(float* sr, float& m, float& l, float& alpha, uint32_t* pr) {
+  __m512 v[4];
+  __m512 mx = _mm512_set1_ps(m);
+  for (int c = 0; c < 4; ++c) {
+    v[c] = _mm512_loadu_ps(sr + 16 * c);
+    mx = _mm512_max_ps(mx, v[c]);
+  }
+  const float m_new = _mm512_reduce_max_ps(mx);
+  if (m_new == kNegInf) {  // every token of this block is after the row's position
+    alpha = 1.f;
+    std::memset(pr, 0, (kBk / 2) * sizeof(uint32_t));
+    return;
+  }
+  const __m512 mb = _mm512_set1_ps(m_new);
+  __m512 sum = _mm512_setzero_ps();
+  for (int c = 0; c < 4; ++c) {
+    v[c] = exp_nonpositive(_mm512_sub_ps(v[c], mb));
+    sum = _mm512_add_ps(sum, v[c]);
+  }
+  alpha = m == kNegInf ? 0.f : std::exp(m - m_new);
+  l = l * alpha + _mm512_reduce_add_ps(sum);
+  m = m_new;
+  _mm512_storeu_si512(pr, (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0]));
+  _mm512_storeu_si512(pr + 16, (__m512i)_mm512_cvtne2ps_pbh(v[3], v[2]));
+}
+#else
+#include "paged_prefill_portable.h"
+#endif
+
+template <int D, int R>
+void score_rows(int rows, const uint32_t* const* q32, const uint32_t* kp, float scale, float* s) {
+  int r = 0;
+  for (; r + R <= rows; r += R) score_tile<D, R>(q32 + r, kp, scale, s + r * kBk);
+  switch (rows - r) {  // the remainder, same arithmetic per row
+    case 5: score_tile<D, 5>(q32 + r, kp, scale, s + r * kBk); break;
+    case 4: score_tile<D, 4>(q32 + r, kp, scale, s + r * kBk); break;
+    case 3: score_tile<D, 3>(q32 + r, kp, scale, s + r * kBk); break;
+    case 2: score_tile<D, 2>(q32 + r, kp, scale, s + r * kBk); break;
+    case 1: score_tile<D, 1>(q32 + r, kp, scale, s + r * kBk); break;
+    default: break;
+  }
+}
+
+template <int D>
+void pv_rows(int rows, const uint32_t* p32, const uint32_t* vp, const float* alpha, float* o) {
+  constexpr int R = std::max(1, std::min(6, 24 / (D / 16)));  // R x D/16 accumulators <= 24
+  int r = 0;
+  for (; r + R <= rows; r += R) pv_tile<D, R>(p32 + r * (kBk / 2), vp, alpha + r, o + r * D);
+  for (; r < rows; ++r) pv_tile<D, 1>(p32 + r * (kBk / 2), vp, alpha + r, o + r * D);
+}
+
+inline uint32_t bits_of(const c10::BFloat16* row, int p) {
+  uint32_t x;
+  std::memcpy(&x, row + 2 * p, sizeof x);
+  return x;
+}
+
+template <int D>
+void paged_prefill_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                        const at::Tensor& pages, int64_t kv_len, int64_t page_size, at::Tensor& out) {
+  using bf16 = c10::BFloat16;
+  const int64_t n = q.size(0), H = q.size(1), Hkv = k_cache.size(1);
+  const int G = static_cast<int>(H / Hkv);
+  const int64_t nkb = (kv_len + kBk - 1) / kBk;
+  const int64_t* pg = pages.data_ptr<int64_t>();
+  const bf16* k_p = k_cache.data_ptr<bf16>();
+  const bf16* v_p = v_cache.data_ptr<bf16>();
+  const bf16* q_p = q.data_ptr<bf16>();
+  bf16* o_p = out.data_ptr<bf16>();
+  constexpr int64_t block_words = kBk * D / 2;  // one packed block of K (or V), in 32-bit pairs
+  std::vector<uint32_t> kpack(Hkv * nkb * block_words), vpack(Hkv * nkb * block_words);
+  // 1. pack: block (h, kb) of K as [D/2][kBk] pairs, of V as [kBk/2][D] pairs
+  at::parallel_for(0, Hkv * nkb, 1, [&](int64_t first, int64_t last) {
+    for (int64_t item = first; item < last; ++item) {
+      const int64_t h = item / nkb, kb = item % nkb;
+      uint32_t* kp = kpack.data() + item * block_words;
+      uint32_t* vp = vpack.data() + item * block_words;
+      std::memset(kp, 0, block_words * sizeof(uint32_t));
+      std::memset(vp, 0, block_words * sizeof(uint32_t));
+      const int64_t t0 = kb * kBk;
+      const int cnt = static_cast<int>(std::min<int64_t>(kBk, kv_len - t0));
+      for (int j = 0; j < cnt; ++j) {
+        const int64_t t = t0 + j, slot = pg[t / page_size] * page_size + t % page_size;
+        const bf16* krow = k_p + (slot * Hkv + h) * D;
+        const bf16* vrow = v_p + (slot * Hkv + h) * D;
+        for (int p = 0; p < D / 2; ++p) kp[p * kBk + j] = bits_of(krow, p);
+        uint16_t* v16 = reinterpret_cast<uint16_t*>(vp + (j / 2) * D) + (j % 2);
+        for (int d = 0; d < D; ++d) v16[2 * d] = vrow[d].x;
+      }
+    }
+  });
+  // 2. attend: items (h, query block), ordered so that each thread's contiguous share mixes early
+  // (short) and late (long) query blocks
+  const int64_t nqb = (n + kBq - 1) / kBq;
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  at::parallel_for(0, Hkv * nqb, 1, [&](int64_t first, int64_t last) {
+    const int M = kBq * G;
+    std::vector<float> s(M * kBk), o(M * D), m(M), l(M), alpha(M);
+    std::vector<uint32_t> p32(M * kBk / 2);
+    std::vector<const uint32_t*> q32(M);
+    std::vector<int64_t> pos(M);
+    for (int64_t item = first; item < last; ++item) {
+      const int64_t h = item % Hkv, j = item / Hkv;
+      const int64_t qb = j % 2 == 0 ? j / 2 : nqb - 1 - j / 2;
+      const int64_t i0 = qb * kBq, qn = std::min<int64_t>(kBq, n - i0);
+      const int rows = static_cast<int>(qn * G);
+      for (int r = 0; r < rows; ++r) {  // row r = query i0 + r / G, head h * G + r % G
+        const int64_t i = i0 + r / G;
+        q32[r] = reinterpret_cast<const uint32_t*>(q_p + (i * H + h * G + r % G) * D);
+        pos[r] = kv_len - n + i;
+        m[r] = kNegInf;
+        l[r] = 0.f;
+      }
+      std::fill(o.begin(), o.begin() + rows * D, 0.f);
+      const int64_t pos_lo = kv_len - n + i0, pos_hi = pos_lo + qn - 1;
+      for (int64_t kb = 0; kb * kBk <= pos_hi; ++kb) {
+        const uint32_t* kp = kpack.data() + (h * nkb + kb) * block_words;
+        const uint32_t* vp = vpack.data() + (h * nkb + kb) * block_words;
+        score_rows<D, kRows>(rows, q32.data(), kp, scale, s.data());
+        const int64_t t0 = kb * kBk;
+        const bool needs_mask = t0 + kBk - 1 > pos_lo;  // some row sees only part of this block
+        for (int r = 0; r < rows; ++r) {
+          float* sr = s.data() + r * kBk;
+          if (needs_mask) {
+            const int64_t valid = std::min<int64_t>(kBk, pos[r] - t0 + 1);  // tokens t0 .. pos[r]
+            for (int64_t t = std::max<int64_t>(valid, 0); t < kBk; ++t) sr[t] = kNegInf;
+          }
+          softmax_block(sr, m[r], l[r], alpha[r], p32.data() + r * (kBk / 2));
+        }
+        pv_rows<D>(rows, p32.data(), vp, alpha.data(), o.data());
+      }
+      for (int r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r / G;
+        bf16* dst = o_p + (i * H + h * G + r % G) * D;
+        const float inv = 1.f / l[r];
+        for (int d = 0; d < D; ++d) dst[d] = static_cast<bf16>(o[r * D + d] * inv);
+      }
+    }
+  });
+}
+
+at::Tensor paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                         const at::Tensor& pages, int64_t kv_len, int64_t page_size) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3, "q [n,H,D], caches [S,Hkv,D]");
+  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "contiguous inputs");
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k_cache.scalar_type() == at::kBFloat16 &&
+              v_cache.scalar_type() == at::kBFloat16, "bfloat16 q and caches");
+  TORCH_CHECK(pages.scalar_type() == at::kLong && pages.is_contiguous() && pages.dim() == 1, "int64 pages [P]");
+  const int64_t n = q.size(0), H = q.size(1), Hkv = k_cache.size(1), D = q.size(2);
+  TORCH_CHECK(H % Hkv == 0 && D == k_cache.size(2) && D == v_cache.size(2), "heads and head dim");
+  TORCH_CHECK(n >= 1 && kv_len >= n && kv_len <= pages.size(0) * page_size, "kv_len ", kv_len, " for ", n,
+              " queries over ", pages.size(0), " pages");
+  auto out = at::empty_like(q);
+  switch (D) {
+    case 16: paged_prefill_impl<16>(q, k_cache, v_cache, pages, kv_len, page_size, out); break;
+    case 32: paged_prefill_impl<32>(q, k_cache, v_cache, pages, kv_len, page_size, out); break;
+    case 64: paged_prefill_impl<64>(q, k_cache, v_cache, pages, kv_len, page_size, out); break;
+    case 128: paged_prefill_impl<128>(q, k_cache, v_cache, pages, kv_len, page_size, out); break;
+    case 256: paged_prefill_impl<256>(q, k_cache, v_cache, pages, kv_len, page_size, out); break;
+    default: TORCH_CHECK(false, "head dim must be one of 16, 32, 64, 128, 256; got ", D);
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(kvstrata, m) {
+  m.def("paged_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor pages, int kv_len, int page_size) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(kvstrata, CPU, m) {
+  m.impl("paged_prefill", &paged_prefill);
+}
