@@ -23,7 +23,7 @@ from kvstrata.kv.pool import PagePool
 from kvstrata.kv.radix import RadixPrefixCache
 from kvstrata.kv.tiers_factory import build_tiers
 from kvstrata.model.arch import ModelArch
-from kvstrata.model.attention import make_attention_backend
+from kvstrata.model.attention import attention_layout, make_attention_backend
 from kvstrata.model.cpu_caps import read_cpu_info
 from kvstrata.model.dtype_plan import plan_dtype
 from kvstrata.model.fetch import resolve_model
@@ -87,9 +87,11 @@ class Engine:
         else:
             num_pages = max(1, int(cache_cfg.kv_cache_memory * 1e9) // per_page)
         self.pool = PagePool(num_pages, ps, arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype, device)
-        # K/V differ (slightly) between the int4 and dense decode paths, and the fused norms round
-        # differently from torch's: separate namespaces
-        layout = "llama-paged-v1" + ("+q4decode" if self.model.uses_int4 else "") + ("+fusedops" if self.model.fused_ops else "")
+        # K/V differ (slightly) between the int4 and dense decode paths, the fused ops round
+        # differently from torch's (v2: with silu_mul), and the C++ attention kernels sum in another
+        # order than torch's: separate namespaces, so no tier (L3 is shared across machines) mixes them
+        layout = ("llama-paged-v1" + ("+q4decode" if self.model.uses_int4 else "")
+                  + ("+fusedops2" if self.model.fused_ops else "") + attention_layout(attention, dtype))
         root = namespace_root(path.name + ":" + weights.identity, dtype_name, ps, layout)
         policy = cache_cfg.eviction_policy
         cache = RadixPrefixCache(self.pool, ps, root, policy) if cache_cfg.enable_prefix_caching else None

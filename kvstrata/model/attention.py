@@ -201,6 +201,13 @@ def resolve_attention_backend(name: str, device: torch.device) -> str:
     return "torch_sdpa"
 
 
+def attention_layout(backend: AttentionBackend, dtype: torch.dtype) -> str:
+    """The KV namespace's mark for this backend's numerics: "" for torch's, else which kernels run."""
+    if not isinstance(backend, CpuPagedBackend):
+        return ""
+    return "+cpupaged" + ("+bf16prefill" if dtype == torch.bfloat16 and cpu_kernels.native_bf16_dot() else "")
+
+
 def make_attention_backend(name: str, device: torch.device | None = None) -> AttentionBackend:
     name = resolve_attention_backend(name, device or torch.device("cpu"))
     if name not in ATTENTION_BACKENDS:

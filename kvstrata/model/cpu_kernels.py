@@ -6,7 +6,8 @@ $KVSTRATA_HOME/torch_extensions/<name>, named by a hash of the sources, the torc
 CPU's model and flags: a restart loads the built library in milliseconds, and a different CPU or
 torch builds its own. The ops land in torch.ops.kvstrata: paged_decode (decode attention over the
 page pool), paged_prefill (causal prefill attention over the pages in bf16, on AVX512-BF16 dot
-products where the CPU has them), rms_norm, add_rms_norm and rope_store. A machine without a compiler gets False and a logged
+products where the CPU has them), rms_norm, add_rms_norm, rope_store, silu_mul and int8_head_logits (the
+int8 LM head on VNNI dot products, model/int8_head.py). A machine without a compiler gets False and a logged
 reason; callers keep the torch path.
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = (CSRC / "paged_decode.cpp", CSRC / "paged_prefill.cpp", CSRC / "rms_norm.cpp",
-           CSRC / "rope_store.cpp")  # paged_decode.cpp defines the op library
+           CSRC / "rope_store.cpp", CSRC / "silu_mul.cpp", CSRC / "int8_head.cpp")  # paged_decode.cpp defines the op library
 HEADERS = (CSRC / "exp_approx.h", CSRC / "paged_prefill_portable.h")  # included by the sources: in the build tag too
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"]
 _lock = threading.Lock()
@@ -118,6 +119,12 @@ def native_bf16_dot() -> bool:
     return "avx512_bf16" in read_cpu_info().flags
 
 
+@functools.cache
+def native_int8_dot() -> bool:
+    """Whether this CPU has vpdpbusd (AVX512-VNNI), which int8_head.cpp is built on with -march=native."""
+    return "avx512_vnni" in read_cpu_info().flags
+
+
 def paged_prefill_supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether the engine runs this prefill chunk with the kernel: bf16, a head size it is built for,
     on a CPU with AVX512-BF16 (where it was measured ~2x torch's flash kernel). Elsewhere the op
@@ -141,6 +148,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x += delta in place (the residual stream), then rms_norm(x), in one op."""
     return torch.ops.kvstrata.add_rms_norm(x, delta.contiguous(), weight, eps)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [T, 2I] (gate, then up) -> silu(gate) * up [T, I], in one op (csrc/silu_mul.cpp)."""
+    return torch.ops.kvstrata.silu_mul(gate_up.contiguous())
 
 
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -126,12 +126,14 @@ class LlamaModel:
             )
         self.uses_int4 = any(layer.int4 is not None for layer in self.layers)
         # narrow steps read the LM head in int8 too (int8_head.py); off with the 4-bit linears (--q4-decode off)
-        self.lm_head_int8 = Int8Head.quantize(self.lm_head) if self.uses_int4 and int8_head_supported() else None
         # float32 on the dense weights is bound to match transformers token for token: torch's own ops
-        # there; elsewhere on CPU each norm (and the residual add before it), and RoPE with the K/V
-        # write, is one C++ op (cpu_kernels.py)
+        # there; elsewhere on CPU each norm (and the residual add before it), RoPE with the K/V
+        # write, and the MLP's silu(gate) * up are one C++ op each (cpu_kernels.py), and so is the
+        # int8 head where the CPU has VNNI
         self.exact = dtype == torch.float32 and not self.uses_int4
         self.fused_ops = fused_ops and device.type == "cpu" and not self.exact and cpu_kernels.load_kernels()
+        vnni = self.fused_ops and cpu_kernels.native_int8_dot()
+        self.lm_head_int8 = Int8Head.quantize(self.lm_head, vnni) if self.uses_int4 and int8_head_supported() else None
         cos, sin = rope_tables(arch, device)
         self.cos = cos.to(dtype)  # [max_position, D]
         self.sin = sin.to(dtype)
@@ -166,8 +168,13 @@ class LlamaModel:
     def _mlp(self, x: torch.Tensor, h: torch.Tensor, li: int, q4: LayerInt4 | None) -> torch.Tensor:
         """Layer li's MLP on h, added to x in place; returns the next layer's normed input (else h)."""
         lw = self.layers[li]
-        gate, up = linear(h, lw.gate_up, q4 and q4.gate_up).chunk(2, dim=-1)
-        mlp = linear(F.silu(gate) * up, lw.down, q4 and q4.down)
+        gate_up = linear(h, lw.gate_up, q4 and q4.gate_up)  # [T, 2I]
+        if self.fused_ops:
+            act = cpu_kernels.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.silu(gate) * up
+        mlp = linear(act, lw.down, q4 and q4.down)
         if li + 1 < len(self.layers):
             return self._add_norm(x, mlp, self.layers[li + 1].input_norm)
         x.add_(mlp)

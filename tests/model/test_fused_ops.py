@@ -86,3 +86,18 @@ def test_used_only_where_the_model_is_not_bound_to_transformers(tiny_model_dir: 
     # bf16 rounding of a different summation order may flip a near-tie late; most tokens agree
     same = sum(x == y for x, y in zip(a.token_ids, b.token_ids))
     assert a.token_ids[:4] == b.token_ids[:4] and same >= 8, (a.token_ids, b.token_ids)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("rows", [1, 8, 300])
+def test_silu_mul_matches_torch(dtype: torch.dtype, tol: float, rows: int) -> None:
+    g = torch.Generator().manual_seed(rows)
+    gate_up = (torch.randn(rows, 2 * 1536, generator=g) * 4).to(dtype)
+    gate_up[0, :4] = torch.tensor([-100.0, -30.0, 30.0, 0.0])  # saturated both sides, and zero
+    gate, up = gate_up.chunk(2, dim=-1)
+    want = (torch.nn.functional.silu(gate.float()) * up.float())
+    out = cpu_kernels.silu_mul(gate_up)
+    assert out.dtype == dtype and out.shape == (rows, 1536)
+    torch.testing.assert_close(out.float(), want, atol=tol, rtol=tol)
+    with pytest.raises(RuntimeError, match="gate_up"):
+        cpu_kernels.silu_mul(torch.zeros(3, 5, dtype=dtype))

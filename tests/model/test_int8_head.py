@@ -1,11 +1,15 @@
 """The int8 LM head of narrow steps: the kernel computes what its int8 weights say, the
-quantization error stays within its bound, and a model without 4-bit linears keeps the dense head."""
+quantization error stays within its bound, and a model without 4-bit linears keeps the dense head;
+our VNNI kernel (csrc/int8_head.cpp) computes exactly the integer dot products of its quantized
+inputs (its portable loops on CPUs without VNNI), and the model uses it exactly where the CPU has it."""
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
+from kvstrata.model import cpu_kernels
 from kvstrata.model.attention import make_attention_backend
 from kvstrata.model.int8_head import KERNEL_DTYPE, Int8Head
 from kvstrata.model.llama import LlamaModel
@@ -52,3 +56,45 @@ def test_dense_model_keeps_the_dense_head(tiny_model_dir: Path) -> None:
     w = load_weights(tiny_model_dir)
     model = LlamaModel(w.arch, w.tensors, torch.float32, torch.device("cpu"), make_attention_backend("torch_sdpa"))
     assert model.lm_head_int8 is None  # no 4-bit linears (float32 stays transformers-identical)
+
+
+def quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What csrc/int8_head.cpp does to x: per row int8, scale max |x| / 127, half to even."""
+    scale = x.float().abs().amax(1, keepdim=True) / 127
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.round(x.float() / scale).clamp(-127, 127), scale
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 11])  # 11: a pass of 8 rows and one of 3
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_vnni_kernel_is_exact_integer_arithmetic_on_its_quantized_inputs(rows: int, dtype: torch.dtype) -> None:
+    assert cpu_kernels.load_kernels()
+    g = torch.Generator().manual_seed(rows)
+    dense = torch.randn(16 * 37, 96, generator=g)  # 37 blocks of 16: an odd block at the end
+    head = Int8Head.quantize(dense, vnni=True)
+    assert head.vnni is not None
+    x = (torch.randn(rows, 96, generator=g) * 3).to(dtype)
+    x[0, :3] = 0.0
+    xq, sx = quantized_activations(x)
+    dots = (xq.double() @ head.weight.double().T)  # exact integers
+    want = (dots * sx.double() * head.vnni.wscale.double()[None, :]).float()
+    got = head.approx_logits(x)
+    assert got.shape == (rows, 16 * 37) and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+    # and close to the dense head: int8 weights and activations, each within half a step
+    full = x.float() @ dense.T
+    assert (got - full).abs().max() < 0.05 * full.abs().max()
+    assert torch.equal(head.approx_logits(torch.zeros(2, 96, dtype=dtype)), torch.zeros(2, 16 * 37))
+
+
+def test_vnni_head_is_used_exactly_where_the_cpu_has_it() -> None:
+    from kvstrata.engine.llm import LLM
+
+    gguf = LLM("smollm2", max_total_tokens=512).engine.model  # the default path: int4 linears, int8 head
+    assert gguf.lm_head_int8 is not None
+    assert (gguf.lm_head_int8.vnni is not None) == cpu_kernels.native_int8_dot()
+    off = LLM("smollm2", max_total_tokens=512, fused_ops="off").engine.model
+    assert off.lm_head_int8 is not None and off.lm_head_int8.vnni is None  # --fused-ops off: torch's kernel
+    with pytest.raises(RuntimeError, match="packed holds hidden"):
+        torch.ops.kvstrata.int8_head_logits(torch.zeros(1, 8), torch.zeros(1, 3, 16, 4, dtype=torch.int8),
+                                            torch.zeros(16, dtype=torch.int32), torch.zeros(16))
