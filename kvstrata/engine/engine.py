@@ -90,7 +90,7 @@ class Engine:
         # K/V differ (slightly) between the int4 and dense decode paths, the fused ops round
         # differently from torch's (v2: with silu_mul), and the C++ attention kernels sum in another
         # order than torch's: separate namespaces, so no tier (L3 is shared across machines) mixes them
-        layout = ("llama-paged-v1" + ("+q4decode" if self.model.uses_int4 else "")
+        layout = ("llama-paged-v1" + ("+q4decode" if self.model.uses_int4 else "") + ("+q4vnni" if self.model.uses_vnni else "")
                   + ("+fusedops2" if self.model.fused_ops else "") + attention_layout(attention, dtype))
         root = namespace_root(path.name + ":" + weights.identity, dtype_name, ps, layout)
         policy = cache_cfg.eviction_policy

@@ -7,7 +7,8 @@ CPU's model and flags: a restart loads the built library in milliseconds, and a 
 torch builds its own. The ops land in torch.ops.kvstrata: paged_decode (decode attention over the
 page pool), paged_prefill (causal prefill attention over the pages in bf16, on AVX512-BF16 dot
 products where the CPU has them), rms_norm, add_rms_norm, rope_store, silu_mul and int8_head_logits (the
-int8 LM head on VNNI dot products, model/int8_head.py). A machine without a compiler gets False and a logged
+int8 LM head on VNNI dot products, model/int8_head.py) and int4_linear (the GGUF's 4-bit linears on
+VNNI, model/q4_weights.py). A machine without a compiler gets False and a logged
 reason; callers keep the torch path.
 """
 from __future__ import annotations
@@ -31,7 +32,8 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = (CSRC / "paged_decode.cpp", CSRC / "paged_prefill.cpp", CSRC / "rms_norm.cpp",
-           CSRC / "rope_store.cpp", CSRC / "silu_mul.cpp", CSRC / "int8_head.cpp")  # paged_decode.cpp defines the op library
+           CSRC / "rope_store.cpp", CSRC / "silu_mul.cpp", CSRC / "int8_head.cpp",
+           CSRC / "int4_linear.cpp")  # paged_decode.cpp defines the op library
 HEADERS = (CSRC / "exp_approx.h", CSRC / "paged_prefill_portable.h")  # included by the sources: in the build tag too
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"]
 _lock = threading.Lock()

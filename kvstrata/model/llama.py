@@ -45,14 +45,14 @@ class LayerInt4:
     down: PackedInt4
 
     @classmethod
-    def from_q4(cls, q4: dict[str, Q4Weight], layer: int, dtype: torch.dtype) -> LayerInt4 | None:
-        """None unless every linear of the layer is in `q4`."""
+    def from_q4(cls, q4: dict[str, Q4Weight], layer: int, dtype: torch.dtype, vnni: bool = False) -> LayerInt4 | None:
+        """None unless every linear of the layer is in `q4`; `vnni`: for csrc/int4_linear.cpp."""
         a, m = f"model.layers.{layer}.self_attn.", f"model.layers.{layer}.mlp."
         names = [[a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"], [a + "o_proj.weight"],
                  [m + "gate_proj.weight", m + "up_proj.weight"], [m + "down_proj.weight"]]
         if not all(n in q4 for group in names for n in group):
             return None
-        qkv, o, gate_up, down = (PackedInt4.from_q4([q4[n] for n in group], dtype) for group in names)
+        qkv, o, gate_up, down = (PackedInt4.from_q4([q4[n] for n in group], dtype, vnni) for group in names)
         return cls(qkv, o, gate_up, down)
 
 
@@ -103,6 +103,9 @@ class LlamaModel:
         self.embed = w("model.embed_tokens.weight")  # [V, hidden]
         self.lm_head = self.embed if "lm_head.weight" not in tensors else w("lm_head.weight")
         self.norm = w("model.norm.weight")
+        # where the CPU has AVX512-VNNI, the 4-bit linears and the int8 head run on our kernels
+        # (csrc/int4_linear.cpp, int8_head.cpp): part of the fused ops, never on the exact path (no q4)
+        vnni = bool(q4) and fused_ops and device.type == "cpu" and cpu_kernels.native_int8_dot() and cpu_kernels.load_kernels()
         self.layers: list[LayerWeights] = []
         for i in range(arch.num_layers):
             p = f"model.layers.{i}."
@@ -121,18 +124,17 @@ class LlamaModel:
                     post_norm=w(p + "post_attention_layernorm.weight"),
                     gate_up=torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]),
                     down=w(p + "mlp.down_proj.weight"),
-                    int4=LayerInt4.from_q4(q4, i, dtype) if q4 else None,
+                    int4=LayerInt4.from_q4(q4, i, dtype, vnni) if q4 else None,
                 )
             )
         self.uses_int4 = any(layer.int4 is not None for layer in self.layers)
-        # narrow steps read the LM head in int8 too (int8_head.py); off with the 4-bit linears (--q4-decode off)
+        self.uses_vnni = vnni and self.uses_int4
         # float32 on the dense weights is bound to match transformers token for token: torch's own ops
         # there; elsewhere on CPU each norm (and the residual add before it), RoPE with the K/V
-        # write, and the MLP's silu(gate) * up are one C++ op each (cpu_kernels.py), and so is the
-        # int8 head where the CPU has VNNI
+        # write, and the MLP's silu(gate) * up are one C++ op each (cpu_kernels.py)
         self.exact = dtype == torch.float32 and not self.uses_int4
         self.fused_ops = fused_ops and device.type == "cpu" and not self.exact and cpu_kernels.load_kernels()
-        vnni = self.fused_ops and cpu_kernels.native_int8_dot()
+        # narrow steps read the LM head in int8 too (int8_head.py); off with the 4-bit linears (--q4-decode off)
         self.lm_head_int8 = Int8Head.quantize(self.lm_head, vnni) if self.uses_int4 and int8_head_supported() else None
         cos, sin = rope_tables(arch, device)
         self.cos = cos.to(dtype)  # [max_position, D]

@@ -13,6 +13,9 @@ bf16 only, and with float32 activations it ran ~200x slower (40 ms vs 0.2 ms for
 linear at 1 row on an AVX2 EPYC), so a float32 model casts its activations around it. Measured on this 2-core EPYC: the 4
 linears of 30 layers take ~4 ms a step at 1 row vs ~11 ms in bf16; at 16+ rows bf16 GEMM wins,
 so prefill and wide steps keep the dense weights (ModelRunner picks per step; see LlamaModel).
+On CPUs with AVX512-VNNI (and `--fused-ops auto`) our kernel (csrc/int4_linear.cpp) runs them
+instead, as llama.cpp does: activations in int8 per block of 32, integer dot products with the 4-bit
+values, every weight read once for all rows of the step.
 """
 from __future__ import annotations
 
@@ -62,25 +65,54 @@ def read_q4(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> Q4Weight
 
 
 @dataclass
+class VnniInt4:
+    """A Q4Weight in csrc/int4_linear.cpp's layout (see there): w = scale * q + bias per block, and
+    per (16 output rows, 32 inputs) 256 bytes of 4-bit pairs, 16 float16 scales, 16 float16 biases."""
+
+    packed: torch.Tensor  # [N / 16, K / 32, 320] uint8
+
+    @classmethod
+    def of(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> VnniInt4:
+        N, K = q.shape
+        # [row block, row i, k-block j, half (k < 16 or not), vector v, byte b] -> [block, j, v, i, b]
+        q6 = q.to(torch.uint8).view(N // 16, 16, K // GROUP, 2, 4, 4)
+        pairs = (q6[:, :, :, 0] | (q6[:, :, :, 1] << 4)).permute(0, 2, 3, 1, 4).reshape(N // 16, K // GROUP, 256)
+
+        def blocked(t: torch.Tensor) -> torch.Tensor:  # [N, K / 32] -> [N / 16, K / 32, 32] bytes of float16
+            return t.half().view(N // 16, 16, K // GROUP).permute(0, 2, 1).contiguous().view(torch.uint8)
+
+        return cls(torch.cat([pairs, blocked(scale), blocked(zero - 8 * scale)], dim=-1).contiguous())
+
+
+def vnni_int4_packable(n: int, k: int) -> bool:
+    return n % 16 == 0 and k % GROUP == 0
+
+
+@dataclass
 class PackedInt4:
-    """A Q4Weight in the layout of torch's CPU int4 kernel."""
+    """A Q4Weight in the layout of torch's CPU int4 kernel (and of ours, `vnni`, where asked)."""
 
     packed: torch.Tensor  # from aten._convert_weight_to_int4pack_for_cpu
     scale_zero: torch.Tensor  # [K / 32, N, 2] in KERNEL_DTYPE
     out_features: int
+    vnni: VnniInt4 | None = None  # set: linear() runs csrc/int4_linear.cpp (CPUs with avx512_vnni)
 
     @classmethod
-    def from_q4(cls, parts: list[Q4Weight], dtype: torch.dtype) -> PackedInt4:
+    def from_q4(cls, parts: list[Q4Weight], dtype: torch.dtype, vnni: bool = False) -> PackedInt4:
         """Pack the row-concatenation of `parts` (fused qkv, gate_up) for a model of `dtype`
-        (bfloat16 or float32; the kernel itself runs in KERNEL_DTYPE)."""
+        (bfloat16 or float32; torch's kernel itself runs in KERNEL_DTYPE)."""
         q = torch.cat([p.q for p in parts]).to(torch.int32)  # [N, K]
         scale = torch.cat([p.scale for p in parts])  # [N, K / 32]
         zero = torch.cat([p.zero for p in parts])
+        if vnni and vnni_int4_packable(*q.shape):  # ours only: torch's packing is not kept
+            return cls(torch.empty(0), torch.empty(0), q.shape[0], VnniInt4.of(q, scale, zero))
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
         scale_zero = torch.stack([scale.t(), zero.t()], dim=-1).to(KERNEL_DTYPE).contiguous()  # [K / 32, N, 2]
         return cls(packed, scale_zero, q.shape[0])
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:  # x [T, K] -> [T, N] in x's dtype
+        if self.vnni is not None:
+            return torch.ops.kvstrata.int4_linear(x.contiguous(), self.vnni.packed)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(KERNEL_DTYPE), self.packed, GROUP, self.scale_zero)
         return out.to(x.dtype)
 

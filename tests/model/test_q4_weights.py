@@ -118,3 +118,56 @@ def test_q4_decode_on_needs_q4_weights(tiny_model_dir: Path) -> None:
 
     with pytest.raises(ConfigError, match="no Q4_0/Q4_1 linears"):
         LLM(str(tiny_model_dir), q4_decode="on", max_total_tokens=64)
+
+
+def vnni_reference(x: torch.Tensor, q4: Q4Weight) -> torch.Tensor:
+    """What csrc/int4_linear.cpp computes, in float64: x per block of 32 to int8 (max |x| / 127,
+    half to even), integer dots with the 4-bit values, then scale and bias (float16, as packed)."""
+    rows, K = x.shape
+    xb = x.double().view(rows, K // 32, 32)
+    sx = xb.abs().amax(-1) / 127
+    sx = torch.where(sx > 0, sx.float().double(), torch.ones_like(sx))
+    xq = torch.round((xb.float() / sx.float()[..., None]).double()).clamp(-127, 127)
+    idot = torch.einsum("rjt,njt->rnj", xq, q4.q.double().view(-1, K // 32, 32))
+    scale, bias = q4.scale.half().double(), (q4.zero - 8 * q4.scale).half().double()
+    return (idot * scale[None] * sx[:, None, :]).sum(-1) + torch.einsum("rj,nj->rn", xb.float().sum(-1).double(), bias)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 8, 13])  # 13: a pass of 8 rows and one of 5
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+def test_vnni_kernel_is_exact_integer_arithmetic_on_its_quantized_inputs(rows: int, kind: str) -> None:
+    from kvstrata.model import cpu_kernels
+
+    assert cpu_kernels.load_kernels()
+    torch.manual_seed(rows)
+    (a, da), (b, db) = _quantize(torch.randn(48, 96), kind), _quantize(torch.randn(32, 96), kind)
+    packed = PackedInt4.from_q4([a, b], torch.float32, vnni=True)
+    assert packed.vnni is not None and packed.out_features == 80
+    x = torch.randn(rows, 96) * 2
+    x[0, :32] = 0.0  # an all-zero block
+    both = Q4Weight(torch.cat([a.q, b.q]), torch.cat([a.scale, b.scale]), torch.cat([a.zero, b.zero]))
+    want = vnni_reference(x, both)
+    got = packed.linear(x)
+    assert got.dtype == torch.float32 and got.shape == (rows, 80)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+    dense = x @ torch.cat([da, db]).t()  # and near the dense weights: int8 activations, half a step each
+    assert (got - dense).abs().max() < 0.05 * dense.abs().max()
+    half = packed.linear(x.bfloat16())  # a bf16 model's activations: the output in bf16, one rounding
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.double(), vnni_reference(x.bfloat16().float(), both), rtol=1e-2, atol=1e-2)
+    alone = torch.cat([packed.linear(x[i : i + 1]) for i in range(rows)])
+    assert torch.equal(alone, got)  # a row's result does not depend on the rows beside it
+
+
+def test_vnni_linears_are_used_exactly_where_the_cpu_has_them() -> None:
+    from kvstrata.engine.llm import LLM
+    from kvstrata.model import cpu_kernels
+
+    model = LLM("smollm2", max_total_tokens=512).engine.model
+    layer = model.layers[0].int4
+    assert layer is not None and model.uses_vnni == cpu_kernels.native_int8_dot()
+    assert (layer.gate_up.vnni is not None) == model.uses_vnni
+    off = LLM("smollm2", max_total_tokens=512, fused_ops="off").engine.model
+    assert not off.uses_vnni and off.layers[0].int4 is not None and off.layers[0].int4.qkv.vnni is None
+    with pytest.raises(RuntimeError, match="packed holds in_features"):
+        torch.ops.kvstrata.int4_linear(torch.zeros(1, 64), torch.zeros(1, 3, 320, dtype=torch.uint8))
