@@ -41,14 +41,16 @@ class ModelConfig:
         "auto",
         "attention implementation: torch_sdpa (page gather + torch SDPA/matmuls), cpu_paged (decode rows "
         "read K/V pages in place in our C++ kernel, built with g++ on first use and cached under "
-        "$KVSTRATA_HOME; prefill as torch_sdpa); auto = cpu_paged on CPU where it builds, else torch_sdpa",
+        "$KVSTRATA_HOME; bf16 prefill chunks in our AVX512-BF16 kernel where the CPU has it, else as "
+        "torch_sdpa); auto = cpu_paged on CPU where it builds, else torch_sdpa",
         choices=["auto", "torch_sdpa", "cpu_paged"],
     )
     fused_ops: str = opt(
         "auto",
-        "RMSNorm with the residual add before it, and RoPE with the K/V write, as one C++ op each "
-        "(kvstrata/model/csrc/) instead of ~10 torch ops; auto = on for CPU models not bound to match transformers exactly "
-        "(bfloat16, or the int4 decode path), off for float32 on dense weights and on CUDA",
+        "RMSNorm with the residual add before it, RoPE with the K/V write, and (AVX-512) silu(gate) * up as one C++ "
+        "op each (kvstrata/model/csrc/) instead of ~10 torch ops; on CPUs with AVX512-VNNI also the int4 "
+        "decode linears and the int8 LM head on our VNNI kernels; auto = on for CPU models not bound to "
+        "match transformers exactly (bfloat16, or the int4 decode path), off for float32 on dense weights and on CUDA",
         choices=["auto", "off"],
     )
     q4_decode: str = opt(

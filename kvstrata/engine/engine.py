@@ -87,11 +87,13 @@ class Engine:
         else:
             num_pages = max(1, int(cache_cfg.kv_cache_memory * 1e9) // per_page)
         self.pool = PagePool(num_pages, ps, arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype, device)
-        # K/V differ (slightly) between the int4 and dense decode paths, the fused ops round
-        # differently from torch's (v2: with silu_mul), and the C++ attention kernels sum in another
-        # order than torch's: separate namespaces, so no tier (L3 is shared across machines) mixes them
-        layout = ("llama-paged-v1" + ("+q4decode" if self.model.uses_int4 else "") + ("+q4vnni" if self.model.uses_vnni else "")
-                  + ("+fusedops2" if self.model.fused_ops else "") + attention_layout(attention, dtype))
+        # K/V differ (slightly) between the int4 and dense decode paths (torch's kernel or ours), the
+        # fused ops round differently from torch's, and the C++ attention kernels sum in another order:
+        # separate namespaces, so no tier (L3 is shared across machines of any CPU) mixes them
+        m = self.model
+        layout = ("llama-paged-v1" + ("+q4decode" if m.uses_int4 else "") + ("+q4vnni" if m.uses_vnni else "")
+                  + ("+fusedops" if m.fused_ops else "") + ("+silumul" if m.fused_silu else "")
+                  + attention_layout(attention, dtype))
         root = namespace_root(path.name + ":" + weights.identity, dtype_name, ps, layout)
         policy = cache_cfg.eviction_policy
         cache = RadixPrefixCache(self.pool, ps, root, policy) if cache_cfg.enable_prefix_caching else None

@@ -122,6 +122,12 @@ def native_bf16_dot() -> bool:
 
 
 @functools.cache
+def has_avx512() -> bool:
+    """Whether silu_mul.cpp gets its AVX-512 loop here (elsewhere torch's two ops are as fast)."""
+    return "avx512f" in read_cpu_info().flags
+
+
+@functools.cache
 def native_int8_dot() -> bool:
     """Whether this CPU has vpdpbusd (AVX512-VNNI), which int8_head.cpp is built on with -march=native."""
     return "avx512_vnni" in read_cpu_info().flags

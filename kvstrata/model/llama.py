@@ -134,6 +134,7 @@ class LlamaModel:
         # write, and the MLP's silu(gate) * up are one C++ op each (cpu_kernels.py)
         self.exact = dtype == torch.float32 and not self.uses_int4
         self.fused_ops = fused_ops and device.type == "cpu" and not self.exact and cpu_kernels.load_kernels()
+        self.fused_silu = self.fused_ops and cpu_kernels.has_avx512()  # its portable loop is not faster than torch's
         # narrow steps read the LM head in int8 too (int8_head.py); off with the 4-bit linears (--q4-decode off)
         self.lm_head_int8 = Int8Head.quantize(self.lm_head, vnni) if self.uses_int4 and int8_head_supported() else None
         cos, sin = rope_tables(arch, device)
@@ -171,7 +172,7 @@ class LlamaModel:
         """Layer li's MLP on h, added to x in place; returns the next layer's normed input (else h)."""
         lw = self.layers[li]
         gate_up = linear(h, lw.gate_up, q4 and q4.gate_up)  # [T, 2I]
-        if self.fused_ops:
+        if self.fused_silu:
             act = cpu_kernels.silu_mul(gate_up)
         else:
             gate, up = gate_up.chunk(2, dim=-1)

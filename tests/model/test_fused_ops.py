@@ -78,6 +78,7 @@ def test_used_only_where_the_model_is_not_bound_to_transformers(tiny_model_dir: 
     fused = LLM(str(tiny_model_dir), dtype="bfloat16", max_total_tokens=1024)
     off = LLM(str(tiny_model_dir), dtype="bfloat16", max_total_tokens=1024, fused_ops="off")
     assert (exact.engine.model.fused_ops, fused.engine.model.fused_ops, off.engine.model.fused_ops) == (False, True, False)
+    assert fused.engine.model.fused_silu == cpu_kernels.has_avx512() and not off.engine.model.fused_silu
     ns = [llm.engine.prefix_cache.root for llm in (exact, fused, off)]  # type: ignore[union-attr]
     assert len({repr(n) for n in ns}) == 3  # K/V of fused and torch norms never share pages
     prompt = list(range(5, 90))
