@@ -57,11 +57,28 @@ class LayerInt4:
 
 
 def linear(x: torch.Tensor, dense: torch.Tensor, int4: PackedInt4 | None, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ W.T (+ bias) with the 4-bit copy of W when given, else the dense one."""
+    """x @ W.T (+ bias) with the 4-bit copy of W when given, else the dense one (held in oneDNN's
+    blocked layout where `prepack_dense` put it there)."""
     if int4 is None:
+        if dense.is_mkldnn:
+            return torch.ops.mkldnn._linear_pointwise(x, dense, bias, "none", [], "")
         return F.linear(x, dense, bias)
     out = int4.linear(x)
     return out if bias is None else out + bias
+
+
+PREPACK_ROWS = 2048  # the row count oneDNN's blocked layout is chosen for (any count runs on it)
+
+
+def prepack_dense(w: torch.Tensor) -> torch.Tensor:
+    """w [N, K] bf16 in oneDNN's blocked layout for linear(): the wide (prefill) steps' GEMMs then skip
+    reordering the weight on every call: 3-5% of their time on the Zen 4 EPYC, the same bits."""
+    return torch.ops.mkldnn._reorder_linear_weight(w, PREPACK_ROWS)
+
+
+def prepack_supported(device: torch.device, dtype: torch.dtype) -> bool:
+    return (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -135,6 +152,10 @@ class LlamaModel:
         self.exact = dtype == torch.float32 and not self.uses_int4
         self.fused_ops = fused_ops and device.type == "cpu" and not self.exact and cpu_kernels.load_kernels()
         self.fused_silu = self.fused_ops and cpu_kernels.has_avx512()  # its portable loop is not faster than torch's
+        self.prepacked = self.fused_ops and prepack_supported(device, dtype)
+        if self.prepacked:
+            for lw in self.layers:
+                lw.qkv, lw.o, lw.gate_up, lw.down = (prepack_dense(t) for t in (lw.qkv, lw.o, lw.gate_up, lw.down))
         # narrow steps read the LM head in int8 too (int8_head.py); off with the 4-bit linears (--q4-decode off)
         self.lm_head_int8 = Int8Head.quantize(self.lm_head, vnni) if self.uses_int4 and int8_head_supported() else None
         cos, sin = rope_tables(arch, device)

@@ -62,3 +62,39 @@ def test_forward_matches_transformers(kind: str, tmp_path: Path) -> None:
         )
         got = ours.forward(ids[pos : pos + 1], torch.tensor([pos]), meta, pool.k, pool.v, torch.tensor([0]))
         torch.testing.assert_close(got[0], want[pos], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [9, 133, 700])
+@pytest.mark.parametrize("bias", [False, True])  # Qwen2's qkv has one
+def test_prepacked_dense_linear_matches_f_linear(rows: int, bias: bool) -> None:
+    from kvstrata.model.llama import linear, prepack_dense, prepack_supported
+
+    assert prepack_supported(torch.device("cpu"), torch.bfloat16)
+    g = torch.Generator().manual_seed(rows)
+    w = torch.randn(96, 64, generator=g).bfloat16()
+    x = torch.randn(rows, 64, generator=g).bfloat16()
+    b = torch.randn(96, generator=g).bfloat16() if bias else None
+    packed = prepack_dense(w)
+    assert packed.is_mkldnn
+    got, want = linear(x, packed, None, b), torch.nn.functional.linear(x, w, b)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 96)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=1e-2)  # the same GEMM: bits here
+
+
+def test_only_bf16_cpu_models_with_fused_ops_prepack(tmp_path: Path) -> None:
+    _save("qwen2", tmp_path)
+    w = load_weights(tmp_path)
+    cpu, attn = torch.device("cpu"), make_attention_backend("torch_sdpa")
+    fused = LlamaModel(w.arch, dict(w.tensors), torch.bfloat16, cpu, attn)
+    off = LlamaModel(w.arch, dict(w.tensors), torch.bfloat16, cpu, attn, fused_ops=False)
+    exact = LlamaModel(w.arch, dict(w.tensors), torch.float32, cpu, attn)
+    assert (fused.prepacked, off.prepacked, exact.prepacked) == (True, False, False)
+    assert fused.layers[0].qkv.is_mkldnn and not off.layers[0].qkv.is_mkldnn
+    ps, n = 4, 10
+    ids = torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(3))
+    logits = []
+    for model in (fused, off):
+        pool = PagePool(8, ps, w.arch.num_layers, w.arch.num_kv_heads, w.arch.head_dim, torch.bfloat16)
+        meta = AttentionMetadata(ps, torch.arange(n), [PrefillSeq(0, n, n, torch.arange(3))])
+        logits.append(model.forward(ids, torch.arange(n), meta, pool.k, pool.v, torch.arange(n)))
+    torch.testing.assert_close(logits[0], logits[1], atol=0.1, rtol=0.05)  # fused norms round differently

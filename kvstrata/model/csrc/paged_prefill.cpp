@@ -88,9 +88,10 @@ inline void pv_tile(const uint32_t* p32, const uint32_t* vp, const float* alpha,
     for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + r * D + 16 * c, acc[r][c]);
 }
 
-// one row's block of scores sr[kBk] (-inf where masked) into the online softmax: m (running max), l
-// (running sum) and alpha (the factor for the row's earlier output) updated, P as bf16 pairs in pr
-inline void softmax_block(float* sr, float& m, float& l, float& alpha, uint32_t* pr) {
+// one row's block of scores sr[kBk] (-inf where masked) into the online softmax: m (running max), l16
+// (the running sum, kept as 16 lane sums so no block pays a horizontal add) and alpha (the factor for
+// the row's earlier output) updated, P as bf16 pairs in pr
+inline void softmax_block(float* sr, float& m, float* l16, float& alpha, uint32_t* pr) {
   __m512 v[4];
   __m512 mx = _mm512_set1_ps(m);
   for (int c = 0; c < 4; ++c) {
@@ -104,17 +105,16 @@ inline void softmax_block(float* sr, float& m, float& l, float& alpha, uint32_t*
     return;
   }
   const __m512 mb = _mm512_set1_ps(m_new);
-  __m512 sum = _mm512_setzero_ps();
-  for (int c = 0; c < 4; ++c) {
-    v[c] = exp_nonpositive(_mm512_sub_ps(v[c], mb));
-    sum = _mm512_add_ps(sum, v[c]);
-  }
-  alpha = m == kNegInf ? 0.f : std::exp(m - m_new);
-  l = l * alpha + _mm512_reduce_add_ps(sum);
+  for (int c = 0; c < 4; ++c) v[c] = exp_nonpositive(_mm512_sub_ps(v[c], mb));
+  alpha = m == kNegInf ? 0.f : kvstrata::exp_nonpositive(m - m_new);
+  const __m512 sum = _mm512_add_ps(_mm512_add_ps(v[0], v[1]), _mm512_add_ps(v[2], v[3]));
+  _mm512_storeu_ps(l16, _mm512_fmadd_ps(_mm512_loadu_ps(l16), _mm512_set1_ps(alpha), sum));
   m = m_new;
   _mm512_storeu_si512(pr, (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0]));
   _mm512_storeu_si512(pr + 16, (__m512i)_mm512_cvtne2ps_pbh(v[3], v[2]));
 }
+
+inline float lane_sum(const float* l16) { return _mm512_reduce_add_ps(_mm512_loadu_ps(l16)); }
 #else
 #include "paged_prefill_portable.h"
 #endif
@@ -147,6 +147,30 @@ inline uint32_t bits_of(const c10::BFloat16* row, int p) {
   return x;
 }
 
+// Vp[d] = (a[d], b[d]) for one pair of token rows (b null past kv_len: zeros)
+template <int D>
+inline void pack_v_pair(const c10::BFloat16* a, const c10::BFloat16* b, uint32_t* vp) {
+#if KVSTRATA_AVX512BF16 && defined(__AVX512BW__)
+  if constexpr (D % 32 == 0) {
+    alignas(64) static constexpr uint16_t kLo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                     8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    const __m512i lo = _mm512_load_si512(kLo), hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int c = 0; c < D; c += 32) {
+      const __m512i x = _mm512_loadu_si512(a + c);
+      const __m512i y = b != nullptr ? _mm512_loadu_si512(b + c) : _mm512_setzero_si512();
+      _mm512_storeu_si512(vp + c, _mm512_permutex2var_epi16(x, lo, y));  // d = c .. c + 15
+      _mm512_storeu_si512(vp + c + 16, _mm512_permutex2var_epi16(x, hi, y));  // d = c + 16 .. c + 31
+    }
+    return;
+  }
+#endif
+  uint16_t* v16 = reinterpret_cast<uint16_t*>(vp);
+  for (int d = 0; d < D; ++d) {
+    v16[2 * d] = a[d].x;
+    v16[2 * d + 1] = b != nullptr ? b[d].x : 0;
+  }
+}
+
 template <int D>
 void paged_prefill_impl(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                         const at::Tensor& pages, int64_t kv_len, int64_t page_size, at::Tensor& out) {
@@ -171,14 +195,15 @@ void paged_prefill_impl(const at::Tensor& q, const at::Tensor& k_cache, const at
       std::memset(vp, 0, block_words * sizeof(uint32_t));
       const int64_t t0 = kb * kBk;
       const int cnt = static_cast<int>(std::min<int64_t>(kBk, kv_len - t0));
-      for (int j = 0; j < cnt; ++j) {
+      auto row = [&](const bf16* cache, int j) {  // token t0 + j's row of KV head h
         const int64_t t = t0 + j, slot = pg[t / page_size] * page_size + t % page_size;
-        const bf16* krow = k_p + (slot * Hkv + h) * D;
-        const bf16* vrow = v_p + (slot * Hkv + h) * D;
+        return cache + (slot * Hkv + h) * D;
+      };
+      for (int j = 0; j < cnt; ++j) {
+        const bf16* krow = row(k_p, j);
         for (int p = 0; p < D / 2; ++p) kp[p * kBk + j] = bits_of(krow, p);
-        uint16_t* v16 = reinterpret_cast<uint16_t*>(vp + (j / 2) * D) + (j % 2);
-        for (int d = 0; d < D; ++d) v16[2 * d] = vrow[d].x;
       }
+      for (int j = 0; j < cnt; j += 2) pack_v_pair<D>(row(v_p, j), j + 1 < cnt ? row(v_p, j + 1) : nullptr, vp + (j / 2) * D);
     }
   });
   // 2. attend: items (h, query block), ordered so that each thread's contiguous share mixes early
@@ -187,7 +212,7 @@ void paged_prefill_impl(const at::Tensor& q, const at::Tensor& k_cache, const at
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   at::parallel_for(0, Hkv * nqb, 1, [&](int64_t first, int64_t last) {
     const int M = kBq * G;
-    std::vector<float> s(M * kBk), o(M * D), m(M), l(M), alpha(M);
+    std::vector<float> s(M * kBk), o(M * D), m(M), l(M * 16), alpha(M);
     std::vector<uint32_t> p32(M * kBk / 2);
     std::vector<const uint32_t*> q32(M);
     std::vector<int64_t> pos(M);
@@ -201,7 +226,7 @@ void paged_prefill_impl(const at::Tensor& q, const at::Tensor& k_cache, const at
         q32[r] = reinterpret_cast<const uint32_t*>(q_p + (i * H + h * G + r % G) * D);
         pos[r] = kv_len - n + i;
         m[r] = kNegInf;
-        l[r] = 0.f;
+        std::fill(l.begin() + r * 16, l.begin() + (r + 1) * 16, 0.f);
       }
       std::fill(o.begin(), o.begin() + rows * D, 0.f);
       const int64_t pos_lo = kv_len - n + i0, pos_hi = pos_lo + qn - 1;
@@ -217,14 +242,14 @@ void paged_prefill_impl(const at::Tensor& q, const at::Tensor& k_cache, const at
             const int64_t valid = std::min<int64_t>(kBk, pos[r] - t0 + 1);  // tokens t0 .. pos[r]
             for (int64_t t = std::max<int64_t>(valid, 0); t < kBk; ++t) sr[t] = kNegInf;
           }
-          softmax_block(sr, m[r], l[r], alpha[r], p32.data() + r * (kBk / 2));
+          softmax_block(sr, m[r], l.data() + r * 16, alpha[r], p32.data() + r * (kBk / 2));
         }
         pv_rows<D>(rows, p32.data(), vp, alpha.data(), o.data());
       }
       for (int r = 0; r < rows; ++r) {
         const int64_t i = i0 + r / G;
         bf16* dst = o_p + (i * H + h * G + r % G) * D;
-        const float inv = 1.f / l[r];
+        const float inv = 1.f / lane_sum(l.data() + r * 16);
         for (int d = 0; d < D; ++d) dst[d] = static_cast<bf16>(o[r * D + d] * inv);
       }
     }

@@ -35,7 +35,7 @@ inline void pv_tile(const uint32_t* p32, const uint32_t* vp, const float* alpha,
   }
 }
 
-inline void softmax_block(float* sr, float& m, float& l, float& alpha, uint32_t* pr) {
+inline void softmax_block(float* sr, float& m, float* l16, float& alpha, uint32_t* pr) {
   float m_new = m;
   for (int j = 0; j < kBk; ++j) m_new = std::max(m_new, sr[j]);
   if (m_new == kNegInf) {
@@ -43,14 +43,19 @@ inline void softmax_block(float* sr, float& m, float& l, float& alpha, uint32_t*
     std::memset(pr, 0, (kBk / 2) * sizeof(uint32_t));
     return;
   }
-  float sum = 0.f;
+  float e[kBk];
   uint16_t* p16 = reinterpret_cast<uint16_t*>(pr);
   for (int j = 0; j < kBk; ++j) {
-    const float e = exp_or_zero(sr[j] - m_new);
-    sum += e;
-    p16[j] = c10::BFloat16(e).x;  // round to nearest even, as vcvtne2ps2bf16
+    e[j] = exp_or_zero(sr[j] - m_new);
+    p16[j] = c10::BFloat16(e[j]).x;  // round to nearest even, as vcvtne2ps2bf16
   }
-  alpha = m == kNegInf ? 0.f : std::exp(m - m_new);
-  l = l * alpha + sum;
+  alpha = m == kNegInf ? 0.f : kvstrata::exp_nonpositive(m - m_new);
+  for (int i = 0; i < 16; ++i) l16[i] = l16[i] * alpha + ((e[i] + e[16 + i]) + (e[32 + i] + e[48 + i]));
   m = m_new;
+}
+
+inline float lane_sum(const float* l16) {
+  float sum = 0.f;
+  for (int i = 0; i < 16; ++i) sum += l16[i];
+  return sum;
 }
