@@ -116,21 +116,23 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
 
 
 @functools.cache
+def _cpu_flags() -> frozenset[str]:
+    return read_cpu_info().flags
+
+
 def native_bf16_dot() -> bool:
     """Whether this CPU has vdpbf16ps (AVX512-BF16), which paged_prefill.cpp is built on with -march=native."""
-    return "avx512_bf16" in read_cpu_info().flags
+    return "avx512_bf16" in _cpu_flags()
 
 
-@functools.cache
 def has_avx512() -> bool:
     """Whether silu_mul.cpp gets its AVX-512 loop here (elsewhere torch's two ops are as fast)."""
-    return "avx512f" in read_cpu_info().flags
+    return "avx512f" in _cpu_flags()
 
 
-@functools.cache
 def native_int8_dot() -> bool:
-    """Whether this CPU has vpdpbusd (AVX512-VNNI), which int8_head.cpp is built on with -march=native."""
-    return "avx512_vnni" in read_cpu_info().flags
+    """Whether this CPU has vpdpbusd (AVX512-VNNI), which int8_head.cpp and int4_linear.cpp are built on."""
+    return "avx512_vnni" in _cpu_flags()
 
 
 def paged_prefill_supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:

@@ -120,9 +120,10 @@ class LlamaModel:
         self.embed = w("model.embed_tokens.weight")  # [V, hidden]
         self.lm_head = self.embed if "lm_head.weight" not in tensors else w("lm_head.weight")
         self.norm = w("model.norm.weight")
+        cpu_ops = fused_ops and device.type == "cpu" and cpu_kernels.load_kernels()  # our C++ ops can run
         # where the CPU has AVX512-VNNI, the 4-bit linears and the int8 head run on our kernels
         # (csrc/int4_linear.cpp, int8_head.cpp): part of the fused ops, never on the exact path (no q4)
-        vnni = bool(q4) and fused_ops and device.type == "cpu" and cpu_kernels.native_int8_dot() and cpu_kernels.load_kernels()
+        vnni = bool(q4) and cpu_ops and cpu_kernels.native_int8_dot()
         self.layers: list[LayerWeights] = []
         for i in range(arch.num_layers):
             p = f"model.layers.{i}."
@@ -150,14 +151,14 @@ class LlamaModel:
         # there; elsewhere on CPU each norm (and the residual add before it), RoPE with the K/V
         # write, and the MLP's silu(gate) * up are one C++ op each (cpu_kernels.py)
         self.exact = dtype == torch.float32 and not self.uses_int4
-        self.fused_ops = fused_ops and device.type == "cpu" and not self.exact and cpu_kernels.load_kernels()
+        self.fused_ops = cpu_ops and not self.exact
         self.fused_silu = self.fused_ops and cpu_kernels.has_avx512()  # its portable loop is not faster than torch's
         self.prepacked = self.fused_ops and prepack_supported(device, dtype)
         if self.prepacked:
             for lw in self.layers:
                 lw.qkv, lw.o, lw.gate_up, lw.down = (prepack_dense(t) for t in (lw.qkv, lw.o, lw.gate_up, lw.down))
         # narrow steps read the LM head in int8 too (int8_head.py); off with the 4-bit linears (--q4-decode off)
-        self.lm_head_int8 = Int8Head.quantize(self.lm_head, vnni) if self.uses_int4 and int8_head_supported() else None
+        self.lm_head_int8 = Int8Head.quantize(self.lm_head, self.uses_vnni) if self.uses_int4 and int8_head_supported() else None
         cos, sin = rope_tables(arch, device)
         self.cos = cos.to(dtype)  # [max_position, D]
         self.sin = sin.to(dtype)

@@ -14,8 +14,8 @@ linear at 1 row on an AVX2 EPYC), so a float32 model casts its activations aroun
 linears of 30 layers take ~4 ms a step at 1 row vs ~11 ms in bf16; at 16+ rows bf16 GEMM wins,
 so prefill and wide steps keep the dense weights (ModelRunner picks per step; see LlamaModel).
 On CPUs with AVX512-VNNI (and `--fused-ops auto`) our kernel (csrc/int4_linear.cpp) runs them
-instead, as llama.cpp does: activations in int8 per block of 32, integer dot products with the 4-bit
-values, every weight read once for all rows of the step.
+instead: activations as 16-bit integers per block of 32 (llama.cpp's 8 cost greedy agreement with
+float32), integer dot products with the 4-bit values, every weight read once for all rows of the step.
 """
 from __future__ import annotations
 

@@ -6,8 +6,9 @@
 // where w = scale * q + bias over block j (bias = zero - 8 scale, q4_weights.py's form) and xsum is
 // the block's float sum of x. llama.cpp quantizes activations to 8 bits (Q8); that cost SmolLM2's
 // greedy output (5 of 24 prompts equal to float32's over 32 tokens, against 18 with torch's kernel on
-// bf16 activations), and 16 bits cost nothing measurable: the step is bound by the weight reads. torch's `_weight_int4pack_mm_for_cpu` (bf16 activations) took ~4.9 ms
-// for the 120 linears of a SmolLM2 decode step at one row on the Zen 4 EPYC and scaled ~4x to eight.
+// bf16 activations). 16 bits cost little at one row, where the weight reads bound the step, and ~30%
+// at eight (11.8 vs 8.9 ms for a step's 120 linears on the Zen 4 EPYC). torch's
+// `_weight_int4pack_mm_for_cpu` (bf16 activations) took 4.2 ms at one row and 13.1 ms at eight there.
 // Layout (q4_weights.py packs it): blocks of 16 output rows; per (block of rows, k-block j) four
 // 64-byte vectors, lane i = row i, byte b of vector v holding q[k = 32j + 4v + b] in its low nibble
 // and q[k = 32j + 16 + 4v + b] in its high one, so one load and a mask or a shift give vpdpbusd

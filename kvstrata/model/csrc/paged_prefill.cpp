@@ -1,7 +1,7 @@
 // Paged prefill attention on CPU in bf16 with AVX-512 BF16 dot products (vdpbf16ps).
 //
-// torch's CPU flash kernel reaches ~55 GFLOP/s on SmolLM2's shapes (9 heads of 64, 3 KV heads) where
-// the bf16 GEMMs reach ~180, so attention was half of a 2k-token cold prefill. Here one sequence's
+// torch's CPU flash kernel reaches 45-92 GFLOP/s on SmolLM2's shapes (9 heads of 64, 3 KV heads) where
+// the bf16 GEMMs reach ~350, so attention was half of a 2k-token cold prefill. Here one sequence's
 // chunk of n queries (at positions kv_len - n .. kv_len - 1) attends causally over its kv_len tokens,
 // read from the page pool:
 //   1. K and V are packed once per call into the pair layout vdpbf16ps wants, per KV head and block
@@ -9,8 +9,8 @@
 //      lanes, zero past kv_len;
 //   2. each work item is (KV head, block of kBq queries): its M = kBq x G query rows (the G query heads
 //      that share the KV head) walk the K/V blocks up to the causal limit: scores S = q.k / sqrt(D) in
-//      float32 (tiles of 6 rows x 64 tokens in 24 registers), an online softmax per row, P rounded to
-//      bf16 (as torch's flash kernel does), O += P V in float32 (tiles of rows x D).
+//      float32 (tiles of 6 rows x 64 tokens in 24 registers), an online softmax per row (its sum kept
+//      per lane), P rounded to bf16 (as torch's flash kernel does), O += P V in float32 (rows x D tiles).
 // A row's result depends only on its own position: K/V blocks are aligned to absolute token positions
 // and masked tokens get weight exactly 0, so the same query gives the same bits whatever chunk or tile
 // it is computed in (prefix cache on == off). Without AVX512-BF16 the same tiles run as portable code
