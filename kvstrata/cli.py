@@ -16,6 +16,7 @@ from kvstrata.config import (
     ConfigError,
     from_namespace,
 )
+from kvstrata.model.cpu_caps import CpuIsaError, isa_cap
 
 
 def _check_server_flags(server_cfg: ServerConfig) -> None:
@@ -121,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     try:
+        isa_cap()  # KVSTRATA_CPU_ISA, read by every CPU decision below: a bad value stops here, clearly
         return int(ns.func(ns) or 0)
-    except ConfigError as exc:  # a flag out of range: say which, exit 2 like argparse
+    except (ConfigError, CpuIsaError) as exc:  # a flag out of range: say which, exit 2 like argparse
         parser.error(str(exc))
         return 2
 

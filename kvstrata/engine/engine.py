@@ -23,6 +23,7 @@ from kvstrata.kv.pool import PagePool
 from kvstrata.kv.radix import RadixPrefixCache
 from kvstrata.kv.tiers_factory import build_tiers
 from kvstrata.model.arch import ModelArch
+from kvstrata.model import cpu_kernels
 from kvstrata.model.attention import attention_layout, make_attention_backend
 from kvstrata.model.cpu_caps import read_cpu_info
 from kvstrata.model.dtype_plan import plan_dtype
@@ -78,7 +79,8 @@ class Engine:
             raise ConfigError(f"--q4-decode on: {path.name} has no Q4_0/Q4_1 linears; use a Q4 GGUF or --q4-decode off")
         del weights.tensors, weights.q4
         log.info("%s", plan.log_line(cpu, self.model.uses_int4))
-        log.info("attention backend: %s; fused norms: %s", type(attention).__name__, self.model.fused_ops)
+        log.info("attention backend: %s; fused norms: %s; int4/int8 kernels: %s", type(attention).__name__,
+                 self.model.fused_ops, cpu_kernels.int_dot_isa() if self.model.uses_vnni else "torch")
 
         ps = cache_cfg.page_size
         per_page = PagePool.bytes_per_page(ps, arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype)

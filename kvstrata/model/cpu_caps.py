@@ -5,6 +5,13 @@ flags that decide matmul speed. `gemm_speeds()` is a startup micro-benchmark (bf
 GFLOP/s of one prefill-shaped matmul), cached as JSON in $KVSTRATA_HOME/cpu_caps.json under a key
 made of the CPU model, its flags, the thread count and the torch version, so it runs once per
 machine and torch; it is only consulted where the flags cannot decide (dtype_plan.py).
+
+`KVSTRATA_CPU_ISA=avx2` makes an AVX-512 machine plan and build as an AVX2-only one would (the
+x86-64-v3 level: avx2, fma, f16c; no AVX-512, AMX or AVX-VNNI): every flag above it is dropped from
+the flags read here, the C++ kernels are compiled with -march=x86-64-v3 (cpu_kernels.py), and the
+model name says so in every bench record. It is for testing and measuring the AVX2 paths on a
+bigger CPU; torch's own kernels follow only with ATEN_CPU_CAPABILITY=avx2 and ONEDNN_MAX_CPU_ISA=AVX2
+set before it starts.
 """
 from __future__ import annotations
 
@@ -24,6 +31,32 @@ log = logging.getLogger(__name__)
 SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16",
                "asimd", "sve", "bf16")
 CACHE_FILE = "cpu_caps.json"
+ISA_ENV = "KVSTRATA_CPU_ISA"
+ISA_CAPS = ("native", "avx2")
+AVX2_NEEDS = ("avx2", "fma", "f16c")  # x86-64-v3's vector part: what -march=x86-64-v3 code uses
+ABOVE_AVX2 = ("avx512", "amx", "avx_vnni", "avx_ifma", "avx_ne_convert")  # flag prefixes an AVX2 cap drops
+
+
+class CpuIsaError(ValueError):
+    """KVSTRATA_CPU_ISA holds a value kvstrata does not know, or a level this CPU lacks."""
+
+
+def isa_cap() -> str:
+    """KVSTRATA_CPU_ISA: "native" (the default: whatever the CPU has) or "avx2"."""
+    value = os.environ.get(ISA_ENV, "").strip().lower() or "native"
+    if value not in ISA_CAPS:
+        raise CpuIsaError(f"{ISA_ENV}={value!r}: must be one of {', '.join(ISA_CAPS)}")
+    return value
+
+
+def capped_flags(flags: frozenset[str], cap: str) -> frozenset[str]:
+    """`flags` as a CPU at ISA level `cap` would list them (CpuIsaError if this one is below it)."""
+    if cap == "native":
+        return flags
+    missing = [f for f in AVX2_NEEDS if f not in flags]
+    if missing:
+        raise CpuIsaError(f"{ISA_ENV}={cap}: this CPU lacks {', '.join(missing)}")
+    return frozenset(f for f in flags if not f.startswith(ABOVE_AVX2))
 
 
 @dataclass(frozen=True)
@@ -83,8 +116,12 @@ def read_cpu_info(path: str = "/proc/cpuinfo") -> CpuInfo:
         model, flags = parse_cpuinfo(Path(path).read_text(errors="replace"))
     except OSError:
         model, flags = "", frozenset()
-    return CpuInfo(model or platform.processor() or "unknown", flags, platform.machine() or "unknown",
-                   os.cpu_count() or 1, torch.__version__)
+    model = model or platform.processor() or "unknown"
+    cap = isa_cap()
+    if cap != "native":
+        flags = capped_flags(flags, cap)
+        model = f"{model} [{ISA_ENV}={cap}]"
+    return CpuInfo(model, flags, platform.machine() or "unknown", os.cpu_count() or 1, torch.__version__)
 
 
 @dataclass(frozen=True)

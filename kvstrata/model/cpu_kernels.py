@@ -7,8 +7,9 @@ CPU's model and flags: a restart loads the built library in milliseconds, and a 
 torch builds its own. The ops land in torch.ops.kvstrata: paged_decode (decode attention over the
 page pool), paged_prefill (causal prefill attention over the pages in bf16, on AVX512-BF16 dot
 products where the CPU has them), rms_norm, add_rms_norm, rope_store, silu_mul and int8_head_logits (the
-int8 LM head on VNNI dot products, model/int8_head.py) and int4_linear (the GGUF's 4-bit linears on
-VNNI, model/q4_weights.py). A machine without a compiler gets False and a logged
+int8 LM head on VNNI or AVX2 integer dot products, model/int8_head.py) and int4_linear (the GGUF's
+4-bit linears on the same, model/q4_weights.py). KVSTRATA_CPU_ISA=avx2 builds for the x86-64-v3
+level instead of -march=native (cpu_caps.py). A machine without a compiler gets False and a logged
 reason; callers keep the torch path.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from kvstrata.model.cpu_caps import read_cpu_info
+from kvstrata.model.cpu_caps import isa_cap, read_cpu_info
 from kvstrata.model.fetch import model_home
 
 log = logging.getLogger(__name__)
@@ -35,15 +36,21 @@ SOURCES = (CSRC / "paged_decode.cpp", CSRC / "paged_prefill.cpp", CSRC / "rms_no
            CSRC / "rope_store.cpp", CSRC / "silu_mul.cpp", CSRC / "int8_head.cpp",
            CSRC / "int4_linear.cpp")  # paged_decode.cpp defines the op library
 HEADERS = (CSRC / "exp_approx.h", CSRC / "paged_prefill_portable.h")  # included by the sources: in the build tag too
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"]
+CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=fast"]
+MARCH = {"native": ["-march=native"], "avx2": ["-march=x86-64-v3", "-mtune=native"]}  # by cpu_caps.isa_cap()
 _lock = threading.Lock()
 _loaded: dict[str, bool] = {}
+
+
+def cflags() -> list[str]:
+    """g++ flags: -march=native, or the x86-64-v3 level under KVSTRATA_CPU_ISA=avx2 (cpu_caps.py)."""
+    return [*CFLAGS, *MARCH[isa_cap()]]
 
 
 def build_tag(sources: tuple[Path, ...] = SOURCES) -> str:
     cpu = read_cpu_info()
     raw = b"|".join([*(p.read_bytes() for p in (*sources, *HEADERS)), torch.__version__.encode(), cpu.model.encode(),
-                     ",".join(sorted(cpu.flags)).encode(), " ".join(CFLAGS).encode()])
+                     ",".join(sorted(cpu.flags)).encode(), " ".join(cflags()).encode()])
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
@@ -63,7 +70,7 @@ def _build(name: str, directory: Path) -> None:
         cpp_extension.load(
             name=name,
             sources=[str(p) for p in SOURCES],
-            extra_cflags=CFLAGS,
+            extra_cflags=cflags(),
             extra_ldflags=["-fopenmp"],  # DT_NEEDED libgomp.so.1: the dynamic loader reuses torch's copy
             build_directory=str(directory),
             is_python_module=False,
@@ -130,9 +137,16 @@ def has_avx512() -> bool:
     return "avx512f" in _cpu_flags()
 
 
-def native_int8_dot() -> bool:
-    """Whether this CPU has vpdpbusd (AVX512-VNNI), which int8_head.cpp and int4_linear.cpp are built on."""
-    return "avx512_vnni" in _cpu_flags()
+def int_dot_simd() -> bool:
+    """Whether int8_head.cpp and int4_linear.cpp get a vector form here: vpdpbusd (AVX512-VNNI) or its
+    AVX2 equivalent (vpmaddubsw + vpmaddwd, with FMA and F16C); both give the same bits."""
+    flags = _cpu_flags()
+    return "avx512_vnni" in flags or all(f in flags for f in ("avx2", "fma", "f16c"))
+
+
+def int_dot_isa() -> str:
+    """Which form of int4_linear/int8_head_logits the built library runs: avx512_vnni, avx2 or portable."""
+    return str(torch.ops.kvstrata.int_dot_isa())
 
 
 def paged_prefill_supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:

@@ -12,9 +12,10 @@ step from holding the scales in bf16 (the kernel's dtype). That error, with the 
 reorders near-tied tokens, so each row's top `RESCORE_TOP` logits are recomputed from the dense
 head (a 32 x 576 gather: microseconds). Logits stay float32.
 Prefill and wide steps keep the dense head (LlamaModel picks per step, as for the linears).
-On CPUs with AVX512-VNNI (and `--fused-ops auto`), our kernel (csrc/int8_head.cpp) runs it instead:
-each weight is read once for all rows, activations quantized per row to int8 (one more rounding,
-which the rescoring covers): 2.3 -> ~1 ms for one row, 6.3 -> ~1.5 ms for eight on the Zen 4 EPYC.
+On x86 CPUs with AVX512-VNNI or AVX2 (and `--fused-ops auto`), our kernel (csrc/int8_head.cpp) runs
+it instead: each weight is read once for all rows, activations quantized per row to int8 (one more
+rounding, which the rescoring covers): 2.3 -> ~1 ms for one row, 6.3 -> ~1.5 ms for eight on the
+Zen 4 EPYC; its AVX2 form (the same logits) 2.8 -> 0.6 and 7.4 -> 2.0 ms there under KVSTRATA_CPU_ISA=avx2.
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def vnni_packable(dense: torch.Tensor) -> bool:
 class Int8Head:
     weight: torch.Tensor  # [V, hidden] int8
     scales: torch.Tensor  # [V] in KERNEL_DTYPE
-    vnni: VnniPack | None = None  # set: logits by csrc/int8_head.cpp (CPUs with avx512_vnni)
+    vnni: VnniPack | None = None  # set: logits by csrc/int8_head.cpp (avx512_vnni or avx2 CPUs)
 
     @classmethod
     def quantize(cls, dense: torch.Tensor, vnni: bool = False) -> Int8Head:

@@ -10,6 +10,7 @@ instead (q4_weights.py: weight reads, not arithmetic, bound those steps), with a
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -78,7 +79,20 @@ def prepack_dense(w: torch.Tensor) -> torch.Tensor:
 
 def prepack_supported(device: torch.device, dtype: torch.dtype) -> bool:
     return (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and _prepack_runs(dtype))
+
+
+@functools.cache
+def _prepack_runs(dtype: torch.dtype) -> bool:
+    """oneDNN's bf16 reorder refuses CPUs without avx512bw/vl/dq or avx_ne_convert (an AVX2 CPU given
+    --dtype bfloat16, or ONEDNN_MAX_CPU_ISA below them): try it once on a tiny weight."""
+    try:
+        w = prepack_dense(torch.zeros(16, 32, dtype=dtype))
+        torch.ops.mkldnn._linear_pointwise(torch.zeros(2, 32, dtype=dtype), w, None, "none", [], "")
+        return True
+    except RuntimeError:
+        return False
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -121,9 +135,10 @@ class LlamaModel:
         self.lm_head = self.embed if "lm_head.weight" not in tensors else w("lm_head.weight")
         self.norm = w("model.norm.weight")
         cpu_ops = fused_ops and device.type == "cpu" and cpu_kernels.load_kernels()  # our C++ ops can run
-        # where the CPU has AVX512-VNNI, the 4-bit linears and the int8 head run on our kernels
-        # (csrc/int4_linear.cpp, int8_head.cpp): part of the fused ops, never on the exact path (no q4)
-        vnni = bool(q4) and cpu_ops and cpu_kernels.native_int8_dot()
+        # where the CPU has AVX512-VNNI or AVX2, the 4-bit linears and the int8 head run on our kernels
+        # (csrc/int4_linear.cpp, int8_head.cpp; the same bits on both): part of the fused ops, never on
+        # the exact path (no q4)
+        vnni = bool(q4) and cpu_ops and cpu_kernels.int_dot_simd()
         self.layers: list[LayerWeights] = []
         for i in range(arch.num_layers):
             p = f"model.layers.{i}."

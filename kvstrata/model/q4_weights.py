@@ -13,8 +13,8 @@ bf16 only, and with float32 activations it ran ~200x slower (40 ms vs 0.2 ms for
 linear at 1 row on an AVX2 EPYC), so a float32 model casts its activations around it. Measured on this 2-core EPYC: the 4
 linears of 30 layers take ~4 ms a step at 1 row vs ~11 ms in bf16; at 16+ rows bf16 GEMM wins,
 so prefill and wide steps keep the dense weights (ModelRunner picks per step; see LlamaModel).
-On CPUs with AVX512-VNNI (and `--fused-ops auto`) our kernel (csrc/int4_linear.cpp) runs them
-instead: activations as 16-bit integers per block of 32 (llama.cpp's 8 cost greedy agreement with
+On x86 CPUs with AVX512-VNNI or AVX2 (and `--fused-ops auto`) our kernel (csrc/int4_linear.cpp) runs them
+instead (the same bits on both): activations as 16-bit integers per block of 32 (llama.cpp's 8 cost greedy agreement with
 float32), integer dot products with the 4-bit values, every weight read once for all rows of the step.
 """
 from __future__ import annotations
@@ -95,7 +95,7 @@ class PackedInt4:
     packed: torch.Tensor  # from aten._convert_weight_to_int4pack_for_cpu
     scale_zero: torch.Tensor  # [K / 32, N, 2] in KERNEL_DTYPE
     out_features: int
-    vnni: VnniInt4 | None = None  # set: linear() runs csrc/int4_linear.cpp (CPUs with avx512_vnni)
+    vnni: VnniInt4 | None = None  # set: linear() runs csrc/int4_linear.cpp (avx512_vnni or avx2 CPUs)
 
     @classmethod
     def from_q4(cls, parts: list[Q4Weight], dtype: torch.dtype, vnni: bool = False) -> PackedInt4:

@@ -4,7 +4,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvstrata.model.cpu_caps import CACHE_FILE, CpuInfo, GemmSpeeds, gemm_speeds, measure_gemm, parse_cpuinfo, read_cpu_info
+import pytest
+
+from kvstrata.cli import main
+from kvstrata.model import cpu_kernels
+from kvstrata.model.cpu_caps import (
+    CACHE_FILE,
+    CpuInfo,
+    CpuIsaError,
+    GemmSpeeds,
+    capped_flags,
+    gemm_speeds,
+    isa_cap,
+    measure_gemm,
+    parse_cpuinfo,
+    read_cpu_info,
+)
+from kvstrata.model.dtype_plan import plan_dtype
 
 X86 = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -84,3 +100,39 @@ def test_a_corrupt_cache_is_measured_again_and_rewritten(tmp_path: Path) -> None
 def test_measure_gemm_returns_positive_rates() -> None:
     s = measure_gemm(rows=8, k=64, n=64, reps=1)
     assert s.float32_gflops > 0 and s.bfloat16_gflops > 0
+
+
+ZEN4 = X86.replace("fpu sse2 avx f16c fma avx2 bmi2", "fpu sse2 avx f16c fma avx2 bmi2 avx512f avx512bw avx512_vnni "
+                   "avx512_bf16 avx512vl avx_vnni amx_tile amx_bf16")
+
+
+def test_an_avx2_cap_drops_every_flag_above_x86_64_v3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "cpuinfo"
+    f.write_text(ZEN4)
+    assert "avx512_bf16" in read_cpu_info(str(f)).flags and isa_cap() == "native"
+    monkeypatch.setenv("KVSTRATA_CPU_ISA", " AVX2 ")
+    info = read_cpu_info(str(f))
+    assert isa_cap() == "avx2" and info.model == "AMD EPYC 7B13 [KVSTRATA_CPU_ISA=avx2]"
+    assert info.flags == frozenset("fpu sse2 avx f16c fma avx2 bmi2".split())
+    # the plan and the kernels' build follow: float32 prefill, int4 decode, x86-64-v3 code
+    plan = plan_dtype("auto", cpu=info)
+    assert (plan.dtype, plan.q4_auto, plan.reason) == ("float32", True, "no_avx512_bf16_or_amx_bf16")
+    assert "-march=x86-64-v3" in cpu_kernels.cflags() and "-march=native" not in cpu_kernels.cflags()
+    monkeypatch.delenv("KVSTRATA_CPU_ISA")
+    assert cpu_kernels.cflags()[-1] == "-march=native"
+
+
+def test_a_cap_this_cpu_is_below_or_an_unknown_one_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(CpuIsaError, match="lacks fma, f16c"):
+        capped_flags(frozenset({"sse2", "avx2"}), "avx2")
+    assert capped_flags(frozenset({"avx512f"}), "native") == frozenset({"avx512f"})
+    monkeypatch.setenv("KVSTRATA_CPU_ISA", "avx9")
+    with pytest.raises(CpuIsaError, match="must be one of native, avx2"):
+        isa_cap()
+
+
+def test_the_cli_says_what_is_wrong_with_the_cap(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("KVSTRATA_CPU_ISA", "avx9")
+    with pytest.raises(SystemExit) as stop:
+        main(["dtype-plan"])
+    assert stop.value.code == 2 and "KVSTRATA_CPU_ISA='avx9': must be one of native, avx2" in capsys.readouterr().err

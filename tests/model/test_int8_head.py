@@ -92,7 +92,7 @@ def test_vnni_head_is_used_exactly_where_the_cpu_has_it() -> None:
 
     gguf = LLM("smollm2", max_total_tokens=512).engine.model  # the default path: int4 linears, int8 head
     assert gguf.lm_head_int8 is not None
-    assert (gguf.lm_head_int8.vnni is not None) == cpu_kernels.native_int8_dot()
+    assert (gguf.lm_head_int8.vnni is not None) == cpu_kernels.int_dot_simd()
     off = LLM("smollm2", max_total_tokens=512, fused_ops="off").engine.model
     assert off.lm_head_int8 is not None and off.lm_head_int8.vnni is None  # --fused-ops off: torch's kernel
     with pytest.raises(RuntimeError, match="packed holds hidden"):

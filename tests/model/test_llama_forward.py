@@ -2,6 +2,9 @@
 (q/k norms) checkpoints, in float32, for a prompt and for decode steps through the page table."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +13,13 @@ import torch
 
 from kvstrata.kv.pool import PagePool
 from kvstrata.model.attention import AttentionMetadata, PrefillSeq, make_attention_backend
+from kvstrata.model.cpu_caps import parse_cpuinfo
 from kvstrata.model.llama import LlamaModel
 from kvstrata.model.weights import load_weights
+
+FLAGS = parse_cpuinfo(Path("/proc/cpuinfo").read_text())[1]
+# where oneDNN's bf16 weight reorder runs (it refuses other CPUs, e.g. AVX2-only ones)
+BF16_REORDER = {"avx512bw", "avx512vl", "avx512dq"} <= FLAGS or "avx_ne_convert" in FLAGS
 
 COMMON = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
@@ -69,11 +77,15 @@ def test_forward_matches_transformers(kind: str, tmp_path: Path) -> None:
 def test_prepacked_dense_linear_matches_f_linear(rows: int, bias: bool) -> None:
     from kvstrata.model.llama import linear, prepack_dense, prepack_supported
 
-    assert prepack_supported(torch.device("cpu"), torch.bfloat16)
+    assert prepack_supported(torch.device("cpu"), torch.bfloat16) == BF16_REORDER
     g = torch.Generator().manual_seed(rows)
     w = torch.randn(96, 64, generator=g).bfloat16()
     x = torch.randn(rows, 64, generator=g).bfloat16()
     b = torch.randn(96, generator=g).bfloat16() if bias else None
+    if not BF16_REORDER:  # what prepack_supported saw: the models here keep the plain weights
+        with pytest.raises(RuntimeError):
+            prepack_dense(w)
+        return
     packed = prepack_dense(w)
     assert packed.is_mkldnn
     got, want = linear(x, packed, None, b), torch.nn.functional.linear(x, w, b)
@@ -88,8 +100,8 @@ def test_only_bf16_cpu_models_with_fused_ops_prepack(tmp_path: Path) -> None:
     fused = LlamaModel(w.arch, dict(w.tensors), torch.bfloat16, cpu, attn)
     off = LlamaModel(w.arch, dict(w.tensors), torch.bfloat16, cpu, attn, fused_ops=False)
     exact = LlamaModel(w.arch, dict(w.tensors), torch.float32, cpu, attn)
-    assert (fused.prepacked, off.prepacked, exact.prepacked) == (True, False, False)
-    assert fused.layers[0].qkv.is_mkldnn and not off.layers[0].qkv.is_mkldnn
+    assert (fused.prepacked, off.prepacked, exact.prepacked) == (BF16_REORDER, False, False)
+    assert fused.layers[0].qkv.is_mkldnn == BF16_REORDER and not off.layers[0].qkv.is_mkldnn
     ps, n = 4, 10
     ids = torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(3))
     logits = []
@@ -98,3 +110,26 @@ def test_only_bf16_cpu_models_with_fused_ops_prepack(tmp_path: Path) -> None:
         meta = AttentionMetadata(ps, torch.arange(n), [PrefillSeq(0, n, n, torch.arange(3))])
         logits.append(model.forward(ids, torch.arange(n), meta, pool.k, pool.v, torch.arange(n)))
     torch.testing.assert_close(logits[0], logits[1], atol=0.1, rtol=0.05)  # fused norms round differently
+
+
+def test_a_cpu_where_onednn_refuses_bf16_keeps_plain_weights(tmp_path: Path) -> None:
+    """--dtype bfloat16 on an AVX2 CPU: oneDNN's reorder raises there, and the model load died of it.
+    ONEDNN_MAX_CPU_ISA=AVX2 makes oneDNN refuse it here too (in a fresh process: it is read once)."""
+    _save("llama", tmp_path)
+    code = (
+        "import sys, torch\n"
+        "from kvstrata.model.attention import AttentionMetadata, PrefillSeq, make_attention_backend\n"
+        "from kvstrata.kv.pool import PagePool\n"
+        "from kvstrata.model.llama import LlamaModel\n"
+        "from kvstrata.model.weights import load_weights\n"
+        "w = load_weights(sys.argv[1])\n"
+        "m = LlamaModel(w.arch, dict(w.tensors), torch.bfloat16, torch.device('cpu'), make_attention_backend('torch_sdpa'))\n"
+        "pool = PagePool(8, 4, w.arch.num_layers, w.arch.num_kv_heads, w.arch.head_dim, torch.bfloat16)\n"
+        "meta = AttentionMetadata(4, torch.arange(6), [PrefillSeq(0, 6, 6, torch.arange(2))])\n"
+        "out = m.forward(torch.arange(6), torch.arange(6), meta, pool.k, pool.v, torch.arange(6))\n"
+        "print(m.prepacked, m.fused_ops, bool(torch.isfinite(out).all()))\n"
+    )
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-3:] == ["False", "True", "True"]

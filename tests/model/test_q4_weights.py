@@ -166,7 +166,7 @@ def test_vnni_linears_are_used_exactly_where_the_cpu_has_them() -> None:
 
     model = LLM("smollm2", max_total_tokens=512).engine.model
     layer = model.layers[0].int4
-    assert layer is not None and model.uses_vnni == cpu_kernels.native_int8_dot()
+    assert layer is not None and model.uses_vnni == cpu_kernels.int_dot_simd()
     assert (layer.gate_up.vnni is not None) == model.uses_vnni
     off = LLM("smollm2", max_total_tokens=512, fused_ops="off").engine.model
     assert not off.uses_vnni and off.layers[0].int4 is not None and off.layers[0].int4.qkv.vnni is None

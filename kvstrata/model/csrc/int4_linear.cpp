@@ -13,9 +13,12 @@
 // 64-byte vectors, lane i = row i, byte b of vector v holding q[k = 32j + 4v + b] in its low nibble
 // and q[k = 32j + 16 + 4v + b] in its high one, so one load and a mask or a shift give vpdpbusd
 // its operand for 16 rows; then the 16 rows' scales and biases as float16 (exact: the GGUF's own d and
-// m). 320 bytes a (row block, k-block), read as one stream (the step is bound by it). Portable loops with
-// the same integers where the compiler has no AVX512-VNNI (for the tests; the model picks this op
-// only on CPUs with avx512_vnni). Registered as torch.ops.kvstrata.int4_linear.
+// m). 320 bytes a (row block, k-block), read as one stream (the step is bound by it). On AVX2 (no VNNI)
+// each vpdpbusd becomes vpmaddubsw (u8 x s8, pairs summed in 16 bits) and one vpmaddwd by ones per
+// eight of them (8 x 2 x 15 x 128 < 2^15: no saturation), 8 rows a ymm half: the same integers, then
+// the same float operations in the same order, so the same bits as on VNNI. Portable loops with the
+// same integers elsewhere (for the tests; the model picks this op only where one of the two vector
+// forms is built, cpu_kernels.int_dot_simd). Registered as torch.ops.kvstrata.int4_linear.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
@@ -24,11 +27,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
 #include <immintrin.h>
 #define KVSTRATA_VNNI 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define KVSTRATA_AVX2 1
 #endif
 
 namespace {
@@ -74,6 +81,44 @@ Activations quantize(const scalar_t* x, int64_t rows, int64_t K) {
   return a;
 }
 
+#if KVSTRATA_AVX2
+// out[r][8 h + i] for N <= 4 rows from r0 and half h (output rows 8h..8h+7) of one block of 16
+template <int N>
+void half_rows(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, int h, float* out /* [N][16] */) {
+  const int64_t nb = K / kGroup;
+  __m256 acc[N];
+  for (int r = 0; r < N; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int64_t j = 0; j < nb; ++j) {
+    const uint8_t* wb = w + j * kBlockBytes;
+    __m256i lo[4], hi[4];
+    for (int v = 0; v < 4; ++v) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * v + 32 * h));
+      lo[v] = _mm256_and_si256(raw, mask);
+      hi[v] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+    }
+    const __m256 sc = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kWeightBytes + 16 * h)));
+    const __m256 bi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kWeightBytes + 32 + 16 * h)));
+    for (int r = 0; r < N; ++r) {
+      const int32_t* xh = reinterpret_cast<const int32_t*>(a.hi.data() + (r0 + r) * K + j * kGroup);
+      const int32_t* xl = reinterpret_cast<const int32_t*>(a.lo.data() + (r0 + r) * K + j * kGroup);
+      __m256i sh = _mm256_setzero_si256(), sl = _mm256_setzero_si256();  // 16-bit pair sums
+      for (int v = 0; v < 4; ++v) {
+        sh = _mm256_add_epi16(sh, _mm256_maddubs_epi16(lo[v], _mm256_set1_epi32(xh[v])));
+        sh = _mm256_add_epi16(sh, _mm256_maddubs_epi16(hi[v], _mm256_set1_epi32(xh[4 + v])));
+        sl = _mm256_add_epi16(sl, _mm256_maddubs_epi16(lo[v], _mm256_set1_epi32(xl[v])));
+        sl = _mm256_add_epi16(sl, _mm256_maddubs_epi16(hi[v], _mm256_set1_epi32(xl[4 + v])));
+      }
+      const __m256i dot = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(sh, ones), 8), _mm256_madd_epi16(sl, ones));
+      const float sx = a.scale[(r0 + r) * nb + j], xs = a.sum[(r0 + r) * nb + j];
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(sx)), _mm256_cvtepi32_ps(dot), acc[r]);
+      acc[r] = _mm256_fmadd_ps(bi, _mm256_set1_ps(xs), acc[r]);
+    }
+  }
+  for (int r = 0; r < N; ++r) _mm256_storeu_ps(out + r * kLanes + 8 * h, acc[r]);
+}
+#endif
+
 // out[r][i] for R rows and one block of 16 output rows
 template <int R>
 void row_block(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, float* out /* [R][16] */) {
@@ -109,6 +154,13 @@ void row_block(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, fl
     }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * kLanes, acc[r]);
+#elif KVSTRATA_AVX2
+  // 16 ymm registers: a half's 8 weight vectors, up to 4 rows' accumulators, and temporaries; the
+  // block's weights (K/32 x 320 bytes, <= 15 KB here) stay in L1 between the passes
+  for (int h = 0; h < 2; ++h) {
+    half_rows<(R < 4 ? R : 4)>(a, r0, K, w, h, out);
+    if constexpr (R > 4) half_rows<R - 4>(a, r0 + 4, K, w, h, out + 4 * kLanes);
+  }
 #else
   for (int r = 0; r < R; ++r) {
     float acc[kLanes] = {};
@@ -169,10 +221,22 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed) {
   return out;
 }
 
+// which of the three forms this build runs (int8_head.cpp is built with the same flags): for logs and tests
+std::string int_dot_isa() {
+#if KVSTRATA_VNNI
+  return "avx512_vnni";
+#elif KVSTRATA_AVX2
+  return "avx2";
+#else
+  return "portable";
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(kvstrata, m) {
   m.def("int4_linear(Tensor x, Tensor packed) -> Tensor");
+  m.def("int_dot_isa() -> str", &int_dot_isa);
 }
 
 TORCH_LIBRARY_IMPL(kvstrata, CPU, m) {

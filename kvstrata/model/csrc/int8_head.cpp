@@ -7,9 +7,13 @@
 // (symmetric, max |x| / 127, +128 to make them the unsigned operand) and each block of 16 output rows
 // is held as [K/4][16][4] bytes, so one load feeds every row's lanes. logit = (sum - 128 * wsum[n]) *
 // sx * sw[n]. The extra rounding of the activations is covered where it matters by int8_head.py's
-// exact rescoring of each row's top candidates. Portable loops (same integers, same result) where the
-// compiler has no AVX512-VNNI, so the op and its tests run on every CPU; int8_head.py picks this op
-// only on CPUs with avx512_vnni. Registered as torch.ops.kvstrata.int8_head_logits.
+// exact rescoring of each row's top candidates. On AVX2 (no VNNI) vpmaddubsw cannot take the +128
+// operand (255 x 127 x 2 saturates 16 bits), so it multiplies |w| by x - 128 with w's sign
+// (vpsignb; 2 x 127 x 127 fits), then vpmaddwd by ones: the sum without the offset, the same
+// integer once the epilogue skips the correction, so the same logits as on VNNI. Portable loops
+// (same integers, same result) elsewhere, so the op and its tests run on every CPU; the model picks
+// this op only where a vector form is built (cpu_kernels.int_dot_simd). Registered as
+// torch.ops.kvstrata.int8_head_logits.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -22,12 +26,44 @@
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
 #include <immintrin.h>
 #define KVSTRATA_VNNI 1
+#elif defined(__AVX2__)
+#include <immintrin.h>
+#define KVSTRATA_AVX2 1
 #endif
 
 namespace {
 
 constexpr int kLanes = 16;  // output rows per packed block
 constexpr int kMaxRows = 8;  // activation rows per pass: 8 x 2 blocks = 16 accumulators
+#if KVSTRATA_AVX2
+constexpr int32_t kOffset = 0;  // the AVX2 sums are over x - 128 already
+#else
+constexpr int32_t kOffset = 128;  // sums over the unsigned x: minus 128 * wsum
+#endif
+
+#if KVSTRATA_AVX2
+// sums[r][i] = dot(xu[r] - 128, output row i of the block at w) for N <= 4 rows
+template <int N>
+void block_rows(const uint32_t* const* xu, const int8_t* w, int64_t groups, int32_t* sums /* [N][32] */) {
+  __m256i acc[N][2];
+  for (int r = 0; r < N; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+  const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 64));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 64 + 32));
+    const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+    for (int r = 0; r < N; ++r) {
+      const __m256i x = _mm256_xor_si256(_mm256_set1_epi32(static_cast<int>(xu[r][g])), flip);  // xu - 128 as s8
+      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(x, w0)), ones));
+      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(x, w1)), ones));
+    }
+  }
+  for (int r = 0; r < N; ++r) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums + r * 2 * kLanes), acc[r][0]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums + r * 2 * kLanes + 8), acc[r][1]);
+  }
+}
+#endif
 
 // sums[r][b * 16 + i] = dot(xu[r], block nb + b's output row i) for R rows and 2 blocks (one when
 // `two` is false)
@@ -56,6 +92,13 @@ void block_pair(const uint32_t* const* xu, const int8_t* wp, int64_t groups, boo
     _mm512_storeu_si512(sums + r * 2 * kLanes, acc[r][0]);
     _mm512_storeu_si512(sums + r * 2 * kLanes + kLanes, acc[r][1]);
   }
+#elif KVSTRATA_AVX2
+  // a block at a time, four rows a pass (8 accumulators of 16 ymm registers); its 9 KB stay in L1
+  for (int b = 0; b < (two ? 2 : 1); ++b) {
+    const int8_t* w = wp + b * groups * 64;
+    block_rows<(R < 4 ? R : 4)>(xu, w, groups, sums + b * kLanes);
+    if constexpr (R > 4) block_rows<R - 4>(xu + 4, w, groups, sums + 4 * 2 * kLanes + b * kLanes);
+  }
 #else
   for (int r = 0; r < R; ++r) {
     const uint8_t* x = reinterpret_cast<const uint8_t*>(xu[r]);
@@ -64,7 +107,7 @@ void block_pair(const uint32_t* const* xu, const int8_t* wp, int64_t groups, boo
       const int8_t* w = wp + b * groups * 64;
       for (int64_t g = 0; g < groups; ++g)
         for (int i = 0; i < kLanes; ++i)
-          for (int j = 0; j < 4; ++j) acc[i] += static_cast<int32_t>(x[4 * g + j]) * w[g * 64 + 4 * i + j];
+          for (int j = 0; j < 4; ++j) acc[i] += (static_cast<int32_t>(x[4 * g + j]) + kOffset - 128) * w[g * 64 + 4 * i + j];
       std::copy(acc, acc + kLanes, sums + r * 2 * kLanes + b * kLanes);
     }
   }
@@ -124,7 +167,7 @@ at::Tensor int8_head_logits(const at::Tensor& x, const at::Tensor& packed, const
         for (int r = 0; r < R; ++r) {
           float* dst = o + (r0 + r) * N + n0;
           for (int64_t i = 0; i < width; ++i)
-            dst[i] = static_cast<float>(sums[r * 2 * kLanes + i] - 128 * ws[n0 + i]) * sx[r0 + r] * sw[n0 + i];
+            dst[i] = static_cast<float>(sums[r * 2 * kLanes + i] - kOffset * ws[n0 + i]) * sx[r0 + r] * sw[n0 + i];
         }
       }
     }
