@@ -10,7 +10,13 @@ OUT=.peers/llama.cpp
 # tinygemm_kernel_amx, from an OpenMP worker), although a plain C program could use the tiles there.
 # So on such CPUs name every other feature the CPU has, one by one, and leave AMX out.
 FLAGS="-DGGML_NATIVE=ON"
-if grep -qw amx_tile /proc/cpuinfo; then
+BUILD=build
+if [ "$(echo "${KVSTRATA_CPU_ISA:-}" | tr -d ' ' | tr A-Z a-z)" = avx2 ]; then
+  # the README's AVX2 cap: an AVX2-only binary beside the native one, for the peer under that cap
+  OUT=.peers/llama.cpp-avx2 BUILD=build-avx2
+  FLAGS="-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+  FLAGS="$FLAGS -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF"
+elif grep -qw amx_tile /proc/cpuinfo; then
   FLAGS="-DGGML_NATIVE=OFF"
   has() { grep -qw "$1" /proc/cpuinfo; }
   for pair in sse4_2:SSE42 f16c:F16C fma:FMA bmi2:BMI2 avx:AVX avx2:AVX2 avx_vnni:AVX_VNNI avx512bw:AVX512 \
@@ -30,10 +36,10 @@ ls "$SRC"/llama_cpp_python-*.tar.gz >/dev/null 2>&1 || \
 tar -xzf "$(ls "$SRC"/llama_cpp_python-*.tar.gz | tail -1)" -C "$SRC"
 TREE=$(ls -d "$SRC"/llama_cpp_python-*/vendor/llama.cpp | tail -1)
 # shellcheck disable=SC2086  # FLAGS is a list of words
-cmake -S "$TREE" -B "$SRC/build" -DCMAKE_BUILD_TYPE=Release $FLAGS -DBUILD_SHARED_LIBS=OFF \
+cmake -S "$TREE" -B "$SRC/$BUILD" -DCMAKE_BUILD_TYPE=Release $FLAGS -DBUILD_SHARED_LIBS=OFF \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-cmake --build "$SRC/build" --target llama-server -j "${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
-cp "$SRC/build/bin/llama-server" "$OUT/bin/"
+cmake --build "$SRC/$BUILD" --target llama-server -j "${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
+cp "$SRC/$BUILD/bin/llama-server" "$OUT/bin/"
 echo "$FLAGS" > "$OUT/cmake-flags"
 echo "built $OUT/bin/llama-server"

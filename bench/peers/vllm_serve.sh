@@ -14,6 +14,10 @@ if [[ " ${args[*]-} " != *" --dtype "* && " ${args[*]-} " != *" --dtype="* ]]; t
   args+=(--dtype "$dtype")
 fi
 export VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=0-1
+# an AVX2 cap (README: KVSTRATA_CPU_ISA) holds for the peer too: its kernel library by that cap, not the hardware
+if [ "$(echo "${KVSTRATA_CPU_ISA:-}" | tr -d ' ' | tr A-Z a-z)" = avx2 ]; then
+  export PYTHONPATH="$PWD/bench/peers/avx2cap${PYTHONPATH:+:$PYTHONPATH}"
+fi
 exec .peers/vllm/bin/python -m vllm.entrypoints.openai.api_server --model .peers/smollm2-hf \
   --served-model-name smollm2 --enable-prefix-caching --enable-prompt-tokens-details \
   --max-model-len 4096 --host 127.0.0.1 --port "$port" "${args[@]}"

@@ -3,7 +3,9 @@ prefix cache changes bfloat16 output (offline `LLM` API). Prints counts; `--prom
 
 The multi-turn part (`--conversations N`) replays 3-turn chats with the cache on and off: turn 2
 and 3 reuse K/V that turn 1 computed in decode steps (on the int4 weights with `--q4-decode`,
-bf16's default) where the cache-off run recomputes them in a prefill on the dense weights."""
+bf16's default) where the cache-off run recomputes them in a prefill on the dense weights.
+`--dtype auto` measures what `--dtype auto` runs on this CPU instead of bfloat16 (on AVX2: float32
+with int4 decode steps, against the exact float32 path)."""
 from __future__ import annotations
 
 import argparse
@@ -27,13 +29,15 @@ def add_bf16_drift_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--conversations", type=int, default=8, help="3-turn chats for the multi-turn part (0: skip)")
     parser.add_argument("--q4-decode", default="auto", choices=["auto", "on", "off"])
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "auto"],
+                        help="the engine measured against exact float32 (auto: this CPU's --dtype auto plan)")
 
 
 def run_bf16_drift(ns: argparse.Namespace) -> int:
     from kvstrata import LLM, SamplingParams  # here, not at the top: `kvstrata --help` imports this module
 
     if ns.conversations:
-        multiturn(ns.conversations, ns.tokens, ns.q4_decode)
+        multiturn(ns.conversations, ns.tokens, ns.q4_decode, ns.dtype)
     greedy = SamplingParams(max_tokens=ns.tokens, temperature=0.0)
     fp32 = LLM("smollm2", dtype="float32", enable_prefix_caching=False)
     tok = fp32.tokenizer
@@ -44,31 +48,31 @@ def run_bf16_drift(ns: argparse.Namespace) -> int:
         for t in rng.sample(TOPICS, min(ns.prompts, len(TOPICS)))]
     ref = [fp32.generate([p], greedy)[0].token_ids for p in prompts]
     del fp32
-    off = LLM("smollm2", dtype="bfloat16", enable_prefix_caching=False, q4_decode=ns.q4_decode)
+    off = LLM("smollm2", dtype=ns.dtype, enable_prefix_caching=False, q4_decode=ns.q4_decode)
     bf_off = [off.generate([p], greedy)[0].token_ids for p in prompts]
     del off
-    on = LLM("smollm2", dtype="bfloat16", q4_decode=ns.q4_decode)
+    on = LLM("smollm2", dtype=ns.dtype, q4_decode=ns.q4_decode)
     bf_on = [on.generate([p], greedy)[0] for p in prompts]  # prompt 2.. hit the shared system prompt
     hits = sum(1 for o in bf_on if o.cached_tokens > 0)
     d32 = [first_diff(a, b) for a, b in zip(ref, bf_off)]
     dcache = [first_diff(a.token_ids, b) for a, b in zip(bf_on, bf_off)]
     n = len(prompts)
-    print(f"prompts={n} tokens={ns.tokens}")
-    print(f"bf16 (cache off) identical to float32: {d32.count(None)}/{n}; "
+    print(f"prompts={n} tokens={ns.tokens} dtype={ns.dtype} q4_decode={ns.q4_decode}")
+    print(f"{ns.dtype} (cache off) identical to float32: {d32.count(None)}/{n}; "
           f"first divergence at tokens {sorted(d for d in d32 if d is not None)}")
-    print(f"bf16 cache on identical to bf16 cache off: {dcache.count(None)}/{n} ({hits} served a cached prefix); "
+    print(f"{ns.dtype} cache on identical to cache off: {dcache.count(None)}/{n} ({hits} served a cached prefix); "
           f"first divergence at tokens {sorted(d for d in dcache if d is not None)}")
     return 0
 
 
-def multiturn(conversations: int, tokens: int, q4_decode: str) -> None:
+def multiturn(conversations: int, tokens: int, q4_decode: str, dtype: str = "bfloat16") -> None:
     from kvstrata import LLM, SamplingParams
 
     greedy = SamplingParams(max_tokens=tokens, temperature=0.0)
     topics = random.Random(1).sample(TOPICS, min(conversations, len(TOPICS)))
     runs: list[list[list[int]]] = []
     for caching in (False, True):
-        llm = LLM("smollm2", dtype="bfloat16", enable_prefix_caching=caching, q4_decode=q4_decode)
+        llm = LLM("smollm2", dtype=dtype, enable_prefix_caching=caching, q4_decode=q4_decode)
         outs: list[list[int]] = []
         for topic in topics:
             chat = [{"role": "system", "content": "You are a helpful assistant."}]
@@ -80,5 +84,5 @@ def multiturn(conversations: int, tokens: int, q4_decode: str) -> None:
         runs.append(outs)
         del llm
     d = [first_diff(a, b) for a, b in zip(*runs)]
-    print(f"multi-turn bf16 q4_decode={q4_decode}: cache on identical to cache off: {d.count(None)}/{len(d)} replies "
+    print(f"multi-turn {dtype} q4_decode={q4_decode}: cache on identical to cache off: {d.count(None)}/{len(d)} replies "
           f"({len(topics)} chats x 3 turns); first divergence at tokens {sorted(x for x in d if x is not None)}")

@@ -3,7 +3,8 @@
 Each engine gets both cores and the same model (SmolLM2-135M-Instruct): kvstrata from the GGUF,
 vLLM CPU from the HF copy (`make bench-peers`, `bench/peers/vllm_serve.sh`, with `--dtype` from
 kvstrata's own per-CPU choice, dtype_plan.py: float32 where bf16 GEMM is slow), llama.cpp's
-`llama-server` from the GGUF (`.peers/llama.cpp/bin/llama-server`, PEERS.md; 8 slots of 4096
+`llama-server` from the GGUF (`.peers/llama.cpp/bin/llama-server`, PEERS.md; `.peers/llama.cpp-avx2/`
+under KVSTRATA_CPU_ISA=avx2, where vllm_serve.sh also makes vLLM load its AVX2 kernels; 8 slots of 4096
 tokens, so the throughput probe's 8 decode streams run at once, as on the other engines). A
 workload may add flags for an engine (`RunningServer(..., extra_args)`). A server runs in its own
 process group, logging to a file, and is stopped with SIGINT, then SIGKILL; if `bench compare`
@@ -52,16 +53,28 @@ def _vllm(port: int, gguf: str) -> list[str]:
     return [str(REPO / "bench/peers/vllm_serve.sh"), str(port), "--dtype", peer_dtype()]
 
 
+def _llama_server() -> str:
+    """llama-server's path: under KVSTRATA_CPU_ISA=avx2 the AVX2-only build (build_llama_server.sh
+    makes it under that cap), so the peer runs the same instruction set as we do."""
+    from kvstrata.model.cpu_caps import CpuIsaError, isa_cap
+
+    try:
+        avx2 = isa_cap() == "avx2"
+    except CpuIsaError:  # a bad value: the CLI stops on it before any engine starts
+        avx2 = False
+    return ".peers/llama.cpp-avx2/bin/llama-server" if avx2 else ".peers/llama.cpp/bin/llama-server"
+
+
 def _llamacpp(port: int, gguf: str) -> list[str]:
-    return [str(REPO / ".peers/llama.cpp/bin/llama-server"), "-m", gguf, "-c", "32768", "-np", "8",
+    return [str(REPO / _llama_server()), "-m", gguf, "-c", "32768", "-np", "8",
             "-t", "2", "-tb", "2", "--no-webui", "--host", "127.0.0.1", "--port", str(port), "-a", "smollm2"]
 
 
 ENGINES: dict[str, EngineSpec] = {
     "kvstrata": EngineSpec("kvstrata", _kvstrata, "", "", 300.0),
     "vllm": EngineSpec("vllm", _vllm, ".peers/vllm/bin/python", "run `make bench-peers`", 600.0),
-    "llamacpp": EngineSpec("llamacpp", _llamacpp, ".peers/llama.cpp/bin/llama-server",
-                           "build llama-server into .peers/llama.cpp (../shared/PEERS.md)", 300.0),
+    "llamacpp": EngineSpec("llamacpp", _llamacpp, _llama_server(),
+                           "run bench/peers/build_llama_server.sh (../shared/PEERS.md)", 300.0),
 }
 
 

@@ -35,3 +35,10 @@ def test_the_scripts_that_lived_in_bench_are_commands() -> None:
 def test_the_locustfile_ships_with_the_package() -> None:
     locustfile = locust_compare.HERE / "locust" / "locustfile.py"
     assert locustfile.is_file() and "class GenerationUser(HttpUser)" in locustfile.read_text()
+
+
+def test_bf16_drift_measures_bfloat16_or_this_cpus_auto_plan() -> None:
+    assert parser().parse_args(["bench", "bf16-drift"]).dtype == "bfloat16"
+    assert parser().parse_args(["bench", "bf16-drift", "--dtype", "auto"]).dtype == "auto"
+    with pytest.raises(SystemExit):
+        parser().parse_args(["bench", "bf16-drift", "--dtype", "float16"])
