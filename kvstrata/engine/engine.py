@@ -22,8 +22,8 @@ from kvstrata.kv.hashing import namespace_root
 from kvstrata.kv.pool import PagePool
 from kvstrata.kv.radix import RadixPrefixCache
 from kvstrata.kv.tiers_factory import build_tiers
-from kvstrata.model.arch import ModelArch
 from kvstrata.model import cpu_kernels
+from kvstrata.model.arch import ModelArch
 from kvstrata.model.attention import attention_layout, make_attention_backend
 from kvstrata.model.cpu_caps import read_cpu_info
 from kvstrata.model.dtype_plan import plan_dtype
