@@ -48,16 +48,16 @@ class ModelConfig:
     fused_ops: str = opt(
         "auto",
         "RMSNorm with the residual add before it, RoPE with the K/V write, and (AVX-512) silu(gate) * up as one C++ "
-        "op each (kvstrata/model/csrc/) instead of ~10 torch ops; on CPUs with AVX512-VNNI also the int4 "
-        "decode linears and the int8 LM head on our VNNI kernels; auto = on for CPU models not bound to "
+        "op each (kvstrata/model/csrc/) instead of ~10 torch ops; on x86 CPUs with AVX512-VNNI or AVX2 also the "
+        "int4 decode linears and the int8 LM head on our integer-dot kernels; auto = on for CPU models not bound to "
         "match transformers exactly (bfloat16, or the int4 decode path), off for float32 on dense weights and on CUDA",
         choices=["auto", "off"],
     )
     q4_decode: str = opt(
         "auto",
-        "run decode steps (<= 8 rows) on a GGUF's own Q4_0/Q4_1 weights with torch's CPU int4 kernel "
-        "instead of the dense copy (~2x decode tokens/s); auto = on for CPU bfloat16, off for float32 "
-        "(keeps float32 token-identical to transformers)",
+        "run decode steps (<= 8 rows) on a GGUF's own Q4_0/Q4_1 weights instead of the dense copy (~2x "
+        "decode tokens/s; our kernel on AVX512-VNNI/AVX2 CPUs, else torch's CPU int4 kernel); auto = on "
+        "with --dtype auto or bfloat16 on CPU, off for an explicit float32 (kept token-identical to transformers)",
         choices=["auto", "on", "off"],
     )
     seed: int = opt(0, "global seed for requests that give none")

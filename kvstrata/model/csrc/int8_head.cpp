@@ -107,7 +107,7 @@ void block_pair(const uint32_t* const* xu, const int8_t* wp, int64_t groups, boo
       const int8_t* w = wp + b * groups * 64;
       for (int64_t g = 0; g < groups; ++g)
         for (int i = 0; i < kLanes; ++i)
-          for (int j = 0; j < 4; ++j) acc[i] += (static_cast<int32_t>(x[4 * g + j]) + kOffset - 128) * w[g * 64 + 4 * i + j];
+          for (int j = 0; j < 4; ++j) acc[i] += static_cast<int32_t>(x[4 * g + j]) * w[g * 64 + 4 * i + j];
       std::copy(acc, acc + kLanes, sums + r * 2 * kLanes + b * kLanes);
     }
   }
