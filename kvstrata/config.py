@@ -61,6 +61,13 @@ class ModelConfig:
         choices=["auto", "on", "off"],
     )
     seed: int = opt(0, "global seed for requests that give none")
+    malloc_tuning: str = opt(
+        "auto",
+        "on CPU, fix glibc malloc's mmap threshold (32 MiB) and heap trim threshold (1 GiB), so the memory a "
+        "step frees is reused instead of unmapped and page-faulted in again (kvstrata/engine/warmup.py); "
+        "off = glibc's defaults",
+        choices=["auto", "off"],
+    )
 
 
 @dataclass(frozen=True)
@@ -194,6 +201,13 @@ class ServerConfig:
         5.0, "seconds to wait for the next piece of a request body before answering 408", min=0.01
     )
     shutdown_timeout: float = opt(30.0, "on SIGTERM, seconds to let running requests finish", min=0)
+    warmup_tokens: int | None = opt(
+        None,
+        "dummy prompt tokens the engine runs in one step (plus one decode step) before the server says it is "
+        "ready, so the first request pays no first-use costs (page faults, kernels at that size), as vLLM's "
+        "start-up profile run; default = --max-num-batched-tokens, 0 = off",
+        min=0,
+    )
 
 
 @dataclass(frozen=True)

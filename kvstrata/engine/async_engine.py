@@ -8,6 +8,7 @@ aborts its request, whose pages go back to the pool at the next step. If the eng
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -89,6 +90,19 @@ class AsyncEngine:
         self._inbox.put(("call", (fn, fut)))
         return fut
 
+    def call_blocking(self, fn: Callable[[Engine], Any]) -> Any:
+        """Run fn(engine) on the engine thread between steps and wait for its result, from a thread
+        with no event loop (the server's loader runs the warm-up so). Raises EngineDeadError if the
+        engine thread is gone or dies before it answers."""
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._inbox.put(("call_blocking", (fn, fut)))
+        while True:
+            try:
+                return fut.result(timeout=0.5)
+            except concurrent.futures.TimeoutError:
+                if not self.healthy:
+                    raise EngineDeadError("the engine is not running") from None
+
     def shutdown(self, timeout: float = 5.0) -> None:
         self._stopping = True
         self._inbox.put(("stop", None))
@@ -126,6 +140,12 @@ class AsyncEngine:
                 fut.get_loop().call_soon_threadsafe(_resolve, fut, result, None)
             except Exception as exc:
                 fut.get_loop().call_soon_threadsafe(_resolve, fut, None, exc)
+        elif kind == "call_blocking":
+            fn, cfut = payload
+            try:
+                cfut.set_result(fn(self.engine))
+            except Exception as exc:
+                cfut.set_exception(exc)
 
     def _drain(self, block: bool) -> None:
         try:

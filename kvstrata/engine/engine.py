@@ -17,6 +17,7 @@ from kvstrata.engine.request import Request
 from kvstrata.engine.runner import ModelRunner
 from kvstrata.engine.sampling_params import InvalidRequestError, SamplingParams
 from kvstrata.engine.scheduler import ScheduledBatch, Scheduler
+from kvstrata.engine.warmup import WarmupReport, keep_freed_heap, warm_up
 from kvstrata.kv.events import attach_kv_events
 from kvstrata.kv.hashing import namespace_root
 from kvstrata.kv.pool import PagePool
@@ -56,6 +57,8 @@ class Engine:
             check_config(cfg)
         if model_cfg.num_threads:
             torch.set_num_threads(model_cfg.num_threads)
+        if model_cfg.malloc_tuning == "auto" and model_cfg.device.startswith("cpu"):
+            log.info("malloc: %s", keep_freed_heap())
         path = resolve_model(model_cfg.model)
         cpu = read_cpu_info() if model_cfg.device.startswith("cpu") else None
         plan = plan_dtype(model_cfg.dtype, model_cfg.device, cpu=cpu)
@@ -228,6 +231,11 @@ class Engine:
             self._requests.pop(req.request_id, None)
             outs.append(self.outputs.output(req))
         return outs
+
+    def warm_up(self, num_tokens: int) -> WarmupReport:
+        """Before any request: one dummy step of `num_tokens` (and a decode step); warmup.py says why."""
+        return warm_up(self.runner, num_tokens, self.info.max_model_len, self.info.arch.vocab_size,
+                       self.sched_cfg.max_num_seqs)
 
     def flush_cache(self) -> int:
         return self.scheduler.kv.reset_cache()

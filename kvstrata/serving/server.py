@@ -68,7 +68,11 @@ def run_server(
     def load() -> AsyncEngine:
         from kvstrata.engine.async_engine import AsyncEngine  # heavy (torch): imported off the server's path
 
-        return AsyncEngine.from_config(model_cfg, cache_cfg, sched_cfg)
+        engine = AsyncEngine.from_config(model_cfg, cache_cfg, sched_cfg)
+        tokens = server_cfg.warmup_tokens if server_cfg.warmup_tokens is not None else sched_cfg.max_num_batched_tokens
+        if tokens > 0:  # before the engine is published: /health says ready only after it
+            engine.call_blocking(lambda e: e.warm_up(tokens))
+        return engine
 
     logging.basicConfig(
         level=server_cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"

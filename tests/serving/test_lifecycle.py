@@ -165,16 +165,17 @@ def test_disconnect_aborts_stream(recorder: Any, engine: AsyncEngine, model_name
     assert wait_for(lambda: not engine.engine.has_unfinished(), 3)
 
 
-def test_run_server_serves_and_stops(tiny_model_dir: Path) -> None:
+def test_run_server_warms_up_serves_and_stops(tiny_model_dir: Path, tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code = (
         "from kvstrata.config import *; from kvstrata.serving.server import run_server; "
         f"run_server(ModelConfig(model={str(tiny_model_dir)!r}, dtype='float32', max_model_len=256), "
-        f"CacheConfig(max_total_tokens=1024), SchedulerConfig(), ServerConfig(port={port}, log_level='warning'))"
+        f"CacheConfig(max_total_tokens=1024), SchedulerConfig(), ServerConfig(port={port}, log_level='info'))"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    log = (tmp_path / "server.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONUNBUFFERED": "1"}, stderr=log)
     try:
         url = f"http://127.0.0.1:{port}"
 
@@ -191,3 +192,8 @@ def test_run_server_serves_and_stops(tiny_model_dir: Path) -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
+        log.close()
+    text = (tmp_path / "server.log").read_text()
+    # the default warm-up: the step budget (2048) capped by max_model_len 256, before "engine_ready"
+    assert "warm-up: one 255-token prefill step and a 8-row decode step" in text, text
+    assert text.index("warm-up: one") < text.index("engine_ready"), text
