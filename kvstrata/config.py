@@ -149,6 +149,12 @@ class SchedulerConfig:
         "them to be cached instead of computing them too (needs prefix caching)",
         flags=("--enable-prefill-dedup", "--disable-prefill-dedup"),
     )
+    prefill_finish_first: bool = opt(
+        True,
+        "a step in which a prompt finishes its prefill starts no other prompt's partial chunk (prompts that "
+        "finish in it too still join), so the oldest prompt's first token is not held back by the next one's chunk",
+        flags=("--enable-prefill-finish-first", "--disable-prefill-finish-first"),
+    )
     max_n: int = opt(8, "largest `n` (choices per request) accepted", min=1)
     max_stop_strings: int = opt(16, "most stop strings per request", min=0)
     max_queue_requests: int = opt(

@@ -98,7 +98,7 @@ class Engine:
         m = self.model
         layout = ("llama-paged-v1" + ("+q4decode" if m.uses_int4 else "") + ("+q4vnni" if m.uses_vnni else "")
                   + ("+fusedops" if m.fused_ops else "") + ("+silumul" if m.fused_silu else "")
-                  + attention_layout(attention, dtype))
+                  + attention_layout(attention, dtype, device))
         root = namespace_root(path.name + ":" + weights.identity, dtype_name, ps, layout)
         policy = cache_cfg.eviction_policy
         cache = RadixPrefixCache(self.pool, ps, root, policy) if cache_cfg.enable_prefix_caching else None

@@ -62,6 +62,17 @@ class Scheduler:
     def _chunk(self, req: Request, budget: int) -> int:
         return min(req.num_uncomputed, self.cfg.chunked_prefill_size or budget, budget)
 
+    def _holds_back(self, req: Request, n: int, finishing: bool) -> bool:
+        """Finish-first: once a prompt finishes its prefill in this step, no other prompt starts a
+        partial chunk in it (prompts that finish in it too still join). The chunk would hold back the
+        finishing prompt's first token by its compute and bring the next prompt's no sooner: that
+        prompt's tokens run in the following steps either way."""
+        return finishing and self.cfg.prefill_finish_first and n < req.num_uncomputed
+
+    @staticmethod
+    def _finishes(req: Request, n: int) -> bool:
+        return req.num_uncomputed > 1 and n == req.num_uncomputed  # a prefill that reaches its first token
+
     @staticmethod
     def _order(req: Request) -> tuple[int, float]:
         """Decode rows (one token left to compute) first, then prefills oldest-arrival first."""
@@ -77,12 +88,16 @@ class Scheduler:
         batch = ScheduledBatch()
         budget = self.cfg.max_num_batched_tokens
         preempted: set[Request] = set()
+        finishing = closed = False  # a prompt finishes in this step; no more prefills join it
         for req in sorted(self.running, key=self._order):
             if budget <= 0:
                 break
             if req in preempted:
                 continue
             n = self._chunk(req, budget)
+            if self._holds_back(req, n, finishing):
+                closed = True
+                break
             while not self.kv.can_allocate(req, n):
                 victim = self.running.pop()  # the most recently admitted, scheduled this step or not
                 if victim in batch.requests:
@@ -94,6 +109,7 @@ class Scheduler:
                 if victim is req:
                     break
             else:
+                finishing = finishing or self._finishes(req, n)
                 self.kv.allocate(req, n)
                 batch.requests.append(req)
                 batch.num_tokens.append(n)
@@ -101,7 +117,8 @@ class Scheduler:
                 continue
             break
         w = 0  # requests whose prefix is coming from L3 or being prefilled wait in place; the ones behind go on
-        while w < len(self.waiting) and budget > 0 and not preempted and len(self.running) < self.cfg.max_num_seqs:
+        while (w < len(self.waiting) and budget > 0 and not preempted and not closed
+               and len(self.running) < self.cfg.max_num_seqs):
             req = self.waiting[w]
             if not self.kv.ready(req) or (
                 self.dedup_prefill and follows_inflight_prefill(req, self.running, self.kv.page_size)
@@ -110,7 +127,7 @@ class Scheduler:
                 continue
             hit = self.kv.admit(req)  # waiting requests hold no pages
             n = self._chunk(req, budget)
-            if not self.kv.can_allocate(req, n):
+            if self._holds_back(req, n, finishing) or not self.kv.can_allocate(req, n):
                 self.kv.release(req)  # give the lock back; try again next step
                 break
             del self.waiting[w]
@@ -121,6 +138,7 @@ class Scheduler:
             if req.stats.scheduled is None:
                 req.stats.scheduled = time.monotonic()
             req.status = RequestStatus.RUNNING
+            finishing = finishing or self._finishes(req, n)
             self.kv.allocate(req, n)
             self.running.append(req)
             batch.requests.append(req)

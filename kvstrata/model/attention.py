@@ -77,6 +77,23 @@ def _bottom_right_causal(q_len: int, kv_len: int, device: torch.device) -> torch
     return cols <= rows
 
 
+SPLIT_PREFIX_MIN_QUERIES = 256  # below it the masked call costs the same (120 queries over 1.6k: 0.99x)
+
+
+def _prefix_then_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int) -> torch.Tensor:
+    """A chunk's causal attention over `prefix` cached tokens then its own, on CPU: torch's flash
+    kernel twice (the prefix unmasked, the chunk's own keys causal), merged by log-sum-exp. The one
+    masked call computes every query against every key, the upper triangle too (its mask could be
+    anything): 1.5x the work for 2,036 queries over 1,008 cached tokens, 91 vs 140 ms a layer under
+    the AVX2 cap. q [1, H, n, D], k/v [1, Hkv, prefix + n, D] -> [1, H, n, D]; within 1e-7 of it."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    o_p, lse_p = flash(q, k[:, :, :prefix], v[:, :, :prefix], 0.0, False)
+    o_c, lse_c = flash(q, k[:, :, prefix:], v[:, :, prefix:], 0.0, True)
+    top = torch.maximum(lse_p, lse_c)
+    w_p, w_c = (lse_p - top).exp_().unsqueeze(-1), (lse_c - top).exp_().unsqueeze(-1)
+    return ((o_p.float() * w_p + o_c.float() * w_c) / (w_p + w_c)).to(q.dtype)
+
+
 def grouped_decode_attention(
     q: torch.Tensor,  # [B, H, D]
     k: torch.Tensor,  # [B, L, Hkv, D]
@@ -128,6 +145,8 @@ class TorchSDPABackend:
         vs = gather_pages(v_cache, seq.pages, ps)[: seq.kv_len].transpose(0, 1).unsqueeze(0)
         if seq.q_len == seq.kv_len:
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+        elif q.device.type == "cpu" and seq.q_len >= SPLIT_PREFIX_MIN_QUERIES:
+            o = _prefix_then_causal(qs, ks, vs, seq.kv_len - seq.q_len)
         else:
             if seq.mask is None:  # once per forward, not once per layer
                 seq.mask = _bottom_right_causal(seq.q_len, seq.kv_len, q.device)
@@ -201,11 +220,15 @@ def resolve_attention_backend(name: str, device: torch.device) -> str:
     return "torch_sdpa"
 
 
-def attention_layout(backend: AttentionBackend, dtype: torch.dtype) -> str:
-    """The KV namespace's mark for this backend's numerics: "" for torch's, else which kernels run."""
+def attention_layout(backend: AttentionBackend, dtype: torch.dtype, device: torch.device | None = None) -> str:
+    """The KV namespace's mark for this backend's numerics: "" for torch's on CUDA, else which
+    kernels run (on CPU, chunks of >= SPLIT_PREFIX_MIN_QUERIES over a prefix sum in two parts)."""
+    split = "+splitprefix" if device is None or device.type == "cpu" else ""
     if not isinstance(backend, CpuPagedBackend):
-        return ""
-    return "+cpupaged" + ("+bf16prefill" if dtype == torch.bfloat16 and cpu_kernels.native_bf16_dot() else "")
+        return split
+    if dtype == torch.bfloat16 and cpu_kernels.native_bf16_dot():
+        return "+cpupaged+bf16prefill"  # every bf16 prefill chunk in our kernel: no split
+    return "+cpupaged" + split
 
 
 def make_attention_backend(name: str, device: torch.device | None = None) -> AttentionBackend:

@@ -173,13 +173,30 @@ def test_fcfs_prefill_finishes_the_oldest_prompt_first(tiny_model_dir: Path) -> 
     ps = prompts(4, lo=60, hi=60, seed=3)  # 60 tokens each: one fits a step's budget of 64
     done, steps = _prefill_done_steps(llm, ps)
     assert done == {"r0": 1, "r1": 2, "r2": 3, "r3": 4}
-    assert steps[0] == ["r0", "r1"]  # r0 whole (60), r1 gets the 4 left over
+    assert steps[0] == ["r0"]  # r0 whole (60); finish-first: r1 starts no 4-token chunk beside it
     for k in range(1, 4):  # each prefilled request decodes in every step after its prefill
         assert [f"r{i}" for i in range(k)] == steps[k][:k]
     # the old per-request cap (chunks of 16 for everyone) finishes them all in the same step
     capped = make(tiny_model_dir, max_num_batched_tokens=64, chunked_prefill_size=16, enable_prefix_caching=False)
     done_capped, _ = _prefill_done_steps(capped, ps)
     assert len(set(done_capped.values())) == 1 and min(done_capped.values()) > done["r0"]
+
+
+def test_finish_first_keeps_partial_chunks_out_of_a_finishing_step(tiny_model_dir: Path) -> None:
+    """Two 80-token prompts, budget 64: r0's last 16 tokens run alone (r1's 48-token chunk would hold
+    r0's first token back); a prompt that finishes in the step still joins it; off = the step is filled."""
+    ps = prompts(3, lo=80, hi=80, seed=5)
+    llm = make(tiny_model_dir, max_num_batched_tokens=64, enable_prefix_caching=False)
+    done, steps = _prefill_done_steps(llm, ps[:2])
+    assert steps[:2] == [["r0"], ["r0"]] and done["r0"] == 2
+    assert steps[2] == ["r0", "r1"] and done["r1"] == 4  # r0 decodes; r1 gets 63, then its last 17
+    # a short prompt behind r0 finishes in r0's finishing step too: it joins
+    llm2 = make(tiny_model_dir, max_num_batched_tokens=64, enable_prefix_caching=False)
+    done2, steps2 = _prefill_done_steps(llm2, [ps[0], ps[1][:20], ps[2]])
+    assert steps2[1] == ["r0", "r1"] and done2["r0"] == done2["r1"] == 2  # r2's partial chunk held back
+    off = make(tiny_model_dir, max_num_batched_tokens=64, enable_prefix_caching=False, prefill_finish_first=False)
+    done_off, steps_off = _prefill_done_steps(off, ps[:2])
+    assert steps_off[1] == ["r0", "r1"] and done_off["r0"] == 2  # filled: r1's chunk beside r0's last 16
 
 
 def test_fcfs_with_a_small_budget_keeps_outputs(tiny_model_dir: Path, reference: dict[str, Any]) -> None:

@@ -51,3 +51,40 @@ def test_unknown_or_misplaced_backend_is_a_config_error(tiny_model_dir: Path) ->
         LLM(str(tiny_model_dir), dtype="float32", attention_backend="flash")
     with pytest.raises(ValueError, match="CPU only"):
         make_attention_backend("cpu_paged", torch.device("cuda"))
+
+
+@pytest.mark.parametrize("n,prefix,heads", [(256, 1, (9, 3)), (300, 700, (9, 3)), (513, 64, (4, 4))])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-2)])
+def test_prefix_then_causal_equals_the_masked_call(n: int, prefix: int, heads: tuple[int, int],
+                                                   dtype: torch.dtype, tol: float) -> None:
+    from kvstrata.model.attention import _bottom_right_causal, _prefix_then_causal
+
+    g = torch.Generator().manual_seed(n + prefix)
+    h, hkv = heads
+    q = torch.randn(1, h, n, 64, generator=g).to(dtype)
+    k, v = (torch.randn(1, hkv, prefix + n, 64, generator=g).to(dtype) for _ in range(2))
+    mask = _bottom_right_causal(n, prefix + n, q.device)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    got = _prefix_then_causal(q, k, v, prefix)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert (got.float() - want.float()).abs().max().item() < tol
+
+
+def test_long_chunks_over_a_cached_prefix_take_the_split_and_decode_as_uncached(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 300-token suffix over a 704-token cached prefix goes through _prefix_then_causal (once per
+    layer) and gives the same greedy tokens as the whole prompt computed with no cache."""
+    import kvstrata.model.attention as attention
+
+    calls: list[int] = []
+    real = attention._prefix_then_causal
+    monkeypatch.setattr(attention, "_prefix_then_causal", lambda q, k, v, p: calls.append(p) or real(q, k, v, p))
+    prefix, suffix = tokens(704, 11), tokens(300, 12)
+    cached = LLM(str(tiny_model_dir), dtype="float32", max_total_tokens=8192, attention_backend="torch_sdpa")
+    cached.generate([prefix], SamplingParams(max_tokens=1, temperature=0.0))
+    assert not calls  # a whole prompt alone is one causal call
+    hit = cached.generate([prefix + suffix], GREEDY)[0]
+    assert hit.cached_tokens == 704 and calls == [704] * cached.engine.info.arch.num_layers
+    plain = LLM(str(tiny_model_dir), dtype="float32", max_total_tokens=8192, enable_prefix_caching=False)
+    assert hit.token_ids == plain.generate([prefix + suffix], GREEDY)[0].token_ids
