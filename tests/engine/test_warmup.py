@@ -82,12 +82,12 @@ def faults() -> int:
     live = [torch.empty(mb << 20, dtype=torch.uint8).fill_(1) for mb in (24, 12, 24, 6, 24)]  # a step's tensors
     del live  # all freed at once: glibc's default trims the heap top above twice its (adapted) threshold
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
-faults()
-print(faults())
+print(min(faults() for _ in range(4)))  # the steadiest round: the first grows the heap, and a small object
+# that lands between the freed blocks can send one of the next round's to the top once
 """
 
 
-def _second_round_faults(mode: str) -> int:
+def _steady_round_faults(mode: str) -> int:
     out = subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, timeout=120, check=True)
     if mode == "tuned":
         assert out.stderr.strip().splitlines()[-1].startswith("glibc "), out.stderr
@@ -95,6 +95,6 @@ def _second_round_faults(mode: str) -> int:
 
 
 def test_keep_freed_heap_stops_refaulting_freed_blocks() -> None:
-    tuned, default = _second_round_faults("tuned"), _second_round_faults("default")
+    tuned, default = _steady_round_faults("tuned"), _steady_round_faults("default")
     assert tuned < 500, tuned  # 90 MiB written again: all of it from pages already faulted in
     assert default > 5000, default  # the check can fail: glibc's defaults fault most of it in again
