@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from kvstrata.engine.runner import ModelRunner
+from kvstrata.engine.runner import ModelRunner, slot_range
 from kvstrata.engine.scheduler import ScheduledBatch
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ def warm_up(runner: ModelRunner, num_tokens: int, max_model_len: int, vocab_size
             ):
                 input_ids, positions, meta, logit_rows = runner.prepare(batch)
                 runner.model.forward(input_ids, positions, meta, pool.k, pool.v, logit_rows)
-            slots = torch.tensor([p * ps + i for p in pages for i in range(ps)], device=pool.k[0].device)
+            slots = torch.tensor(list(slot_range(pages, 0, len(pages) * ps, ps)), device=pool.k[0].device)
             for k, v in zip(pool.k, pool.v):  # no page leaves with a dummy's K/V in it
                 k.index_fill_(0, slots, 0)
                 v.index_fill_(0, slots, 0)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from kvstrata.model import cpu_kernels
-from kvstrata.model.cascade_attention import cascade_decode_attention
+from kvstrata.model.cascade_attention import cascade_decode_attention, merge_partials
 
 
 @dataclass
@@ -89,9 +89,7 @@ def _prefix_then_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefi
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     o_p, lse_p = flash(q, k[:, :, :prefix], v[:, :, :prefix], 0.0, False)
     o_c, lse_c = flash(q, k[:, :, prefix:], v[:, :, prefix:], 0.0, True)
-    top = torch.maximum(lse_p, lse_c)
-    w_p, w_c = (lse_p - top).exp_().unsqueeze(-1), (lse_c - top).exp_().unsqueeze(-1)
-    return ((o_p.float() * w_p + o_c.float() * w_c) / (w_p + w_c)).to(q.dtype)
+    return merge_partials(o_p, lse_p.unsqueeze(-1), o_c, lse_c.unsqueeze(-1)).to(q.dtype)
 
 
 def grouped_decode_attention(

@@ -63,7 +63,12 @@ def cascade_decode_attention(
     out_s = out_s.view(Hkv, B, G, D).transpose(0, 1)  # [B, Hkv, G, D]
     lse_s = lse_s.view(Hkv, B, G, 1).transpose(0, 1)
     out_u, lse_u = _partial(qg, own_k.permute(0, 2, 1, 3).contiguous(), own_v.permute(0, 2, 1, 3).contiguous(), own_mask)
-    top = torch.maximum(lse_s, lse_u)
-    w_s, w_u = (lse_s - top).exp(), (lse_u - top).exp()
-    out = (out_s * w_s + out_u * w_u) / (w_s + w_u)  # [B, Hkv, G, D]
-    return out.to(q.dtype).reshape(B, H, D)
+    return merge_partials(out_s, lse_s, out_u, lse_u).to(q.dtype).reshape(B, H, D)
+
+
+def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
+    """Attention over two disjoint key sets from each one's output [..., D] and log-sum-exp
+    [..., 1] (the formula above, shifted by the larger lse so exp never overflows); float32."""
+    top = torch.maximum(lse_a, lse_b)
+    w_a, w_b = (lse_a - top).exp(), (lse_b - top).exp()
+    return (out_a.float() * w_a + out_b.float() * w_b) / (w_a + w_b)
