@@ -2,17 +2,20 @@
 
     PYTHONPATH=. python bench/step_profile.py [--dtype float32] [--prefill 2048] [--context 2048]
         [--decode-steps 32] [--profile] [--q4-decode off] [--attention-backend auto|torch_sdpa|cpu_paged]
-        [--fused-ops auto|off]
+        [--fused-ops auto|off] [--fused-decode-layers auto|off] [--ab-decode-layers BLOCKS]
 
 Prints wall ms for the cold prefill of one `--prefill`-token prompt and ms per decode step at batch 1
 (one `--context`-token prompt) and batch 8 (eight `--context // 4`-token prompts); with `--profile`
 also torch.profiler's top ops by self CPU time for each phase, and how much of the wall time no op
-accounts for (Python between ops).
+accounts for (Python between ops). With `--ab-decode-layers N`, only the decode steps at batch 1 and 8,
+alternating 16-step blocks with a step's layers in one op (kvstrata/model/decode_layers.py) and with
+the Python loop on one engine, N blocks each: the median ms per step of each.
 """
 from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
 import time
 from typing import Any, Callable
@@ -71,6 +74,33 @@ def decode_steps(llm: LLM, batch: list[list[int]], steps: int, profile: bool, la
     return wall / steps * 1e3
 
 
+def ab_decode_layers(llm: LLM, batch: list[list[int]], blocks: int, label: str) -> None:
+    """ms per decode step with the layers in one op (model.decode_layers) and with the Python loop,
+    alternating blocks of 16 steps on one engine (so the VM's slow phases hit both): medians."""
+    eng, model = llm.engine, llm.engine.model
+    op = model.decode_layers
+    if op is None:
+        print(f"{label}: the decode-layers op does not apply to this model or CPU")
+        return
+    for i, p in enumerate(batch):
+        eng.add_request(f"ab-{label}-{i}", p, GREEDY)
+    for _ in range(12):  # the prefills, then warm decode shapes
+        eng.step()
+    times: dict[str, list[float]] = {"one op": [], "Python loop": []}
+    for b in range(2 * blocks):
+        mode = "one op" if b % 2 == 0 else "Python loop"
+        model.decode_layers = op if b % 2 == 0 else None
+        t = time.perf_counter()
+        for _ in range(16):
+            eng.step()
+        times[mode].append((time.perf_counter() - t) / 16 * 1e3)
+    model.decode_layers = op
+    for rid in [r.request_id for r in eng.scheduler.running]:
+        eng.abort_request(rid)
+    print(f"{label}: " + ", ".join(f"{m} {statistics.median(v):.2f} ms/step" for m, v in times.items())
+          + f" (medians of {blocks} blocks of 16 steps each)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2")
@@ -81,11 +111,19 @@ def main() -> None:
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--attention-backend", default="auto", help="torch_sdpa, cpu_paged or auto (the server's default)")
     ap.add_argument("--fused-ops", default="auto", help="auto (the server's default) or off")
+    ap.add_argument("--fused-decode-layers", default="auto", help="auto (the server's default) or off")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--ab-decode-layers", type=int, default=0, metavar="BLOCKS",
+                    help="only compare decode steps with the layers in one op against the Python loop, BLOCKS each")
     a = ap.parse_args()
     llm = LLM(a.model, dtype=a.dtype, q4_decode=a.q4_decode, enable_prefix_caching=False, max_total_tokens=16384,
-              attention_backend=a.attention_backend, fused_ops=a.fused_ops)
+              attention_backend=a.attention_backend, fused_ops=a.fused_ops,
+              fused_decode_layers=a.fused_decode_layers)
     llm.generate([prompts(9, 1, 64)[0]], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
+    if a.ab_decode_layers:
+        ab_decode_layers(llm, prompts(1, 1, a.context), a.ab_decode_layers, f"decode b1 ctx {a.context}")
+        ab_decode_layers(llm, prompts(2, 8, a.context // 4), a.ab_decode_layers, f"decode b8 ctx {a.context // 4}")
+        return
     long_prompt = prompts(0, 1, a.prefill)[0]
     one = SamplingParams(max_tokens=1, temperature=0.0)
     wall = profiled(lambda: llm.generate([long_prompt], one), a.profile, f"prefill {a.prefill}")

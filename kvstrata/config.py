@@ -53,6 +53,13 @@ class ModelConfig:
         "match transformers exactly (bfloat16, or the int4 decode path), off for float32 on dense weights and on CUDA",
         choices=["auto", "off"],
     )
+    fused_decode_layers: str = opt(
+        "auto",
+        "run every layer of a pure decode step in one C++ op call (kvstrata/model/csrc/decode_layers.cpp: the same "
+        "kernels in the same order, the same bits, without ~11 op launches a layer from Python) where all of its "
+        "ops are ours (int4 linears on our kernel, --fused-ops auto, cpu_paged attention); off = the Python loop",
+        choices=["auto", "off"],
+    )
     q4_decode: str = opt(
         "auto",
         "run decode steps (<= 8 rows) on a GGUF's own Q4_0/Q4_1 weights instead of the dense copy (~2x "

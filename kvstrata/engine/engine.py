@@ -77,13 +77,15 @@ class Engine:
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(f"--attention-backend {model_cfg.attention_backend}: {exc}") from None
         self.model = LlamaModel(arch, weights.tensors, dtype, device, attention, q4=weights.q4,
-                                fused_ops=model_cfg.fused_ops == "auto")
+                                fused_ops=model_cfg.fused_ops == "auto",
+                                fused_decode_layers=model_cfg.fused_decode_layers == "auto")
         if model_cfg.q4_decode == "on" and not self.model.uses_int4:
             raise ConfigError(f"--q4-decode on: {path.name} has no Q4_0/Q4_1 linears; use a Q4 GGUF or --q4-decode off")
         del weights.tensors, weights.q4
         log.info("%s", plan.log_line(cpu, self.model.uses_int4))
-        log.info("attention backend: %s; fused norms: %s; int4/int8 kernels: %s", type(attention).__name__,
-                 self.model.fused_ops, cpu_kernels.int_dot_isa() if self.model.uses_vnni else "torch")
+        log.info("attention backend: %s; fused norms: %s; int4/int8 kernels: %s; decode layers in one op: %s",
+                 type(attention).__name__, self.model.fused_ops,
+                 cpu_kernels.int_dot_isa() if self.model.uses_vnni else "torch", self.model.decode_layers is not None)
 
         ps = cache_cfg.page_size
         per_page = PagePool.bytes_per_page(ps, arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype)

@@ -8,7 +8,8 @@ torch builds its own. The ops land in torch.ops.kvstrata: paged_decode (decode a
 page pool), paged_prefill (causal prefill attention over the pages in bf16, on AVX512-BF16 dot
 products where the CPU has them), rms_norm, add_rms_norm, rope_store, silu_mul and int8_head_logits (the
 int8 LM head on VNNI or AVX2 integer dot products, model/int8_head.py) and int4_linear (the GGUF's
-4-bit linears on the same, model/q4_weights.py). KVSTRATA_CPU_ISA=avx2 builds for the x86-64-v3
+4-bit linears on the same, model/q4_weights.py), and decode_layers (all layers of a pure decode step on
+those ops in one call, model/llama.py). KVSTRATA_CPU_ISA=avx2 builds for the x86-64-v3
 level instead of -march=native (cpu_caps.py). A machine without a compiler gets False and a logged
 reason; callers keep the torch path.
 """
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = (CSRC / "paged_decode.cpp", CSRC / "paged_prefill.cpp", CSRC / "rms_norm.cpp",
            CSRC / "rope_store.cpp", CSRC / "silu_mul.cpp", CSRC / "int8_head.cpp",
-           CSRC / "int4_linear.cpp")  # paged_decode.cpp defines the op library
+           CSRC / "int4_linear.cpp", CSRC / "decode_layers.cpp")  # paged_decode.cpp defines the op library
 HEADERS = (CSRC / "exp_approx.h", CSRC / "paged_prefill_portable.h")  # included by the sources: in the build tag too
 CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=fast"]
 MARCH = {"native": ["-march=native"], "avx2": ["-march=x86-64-v3", "-mtune=native"]}  # by cpu_caps.isa_cap()

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from kvstrata.model import cpu_kernels
 from kvstrata.model.arch import ModelArch
 from kvstrata.model.attention import AttentionBackend, AttentionMetadata
+from kvstrata.model.decode_layers import DecodeLayers
 from kvstrata.model.int8_head import Int8Head, int8_head_supported
 from kvstrata.model.q4_weights import PackedInt4, Q4Weight
 from kvstrata.model.rope import rope_tables
@@ -118,6 +119,7 @@ class LlamaModel:
         q4: dict[str, Q4Weight] | None = None,
         q4_max_rows: int = 8,
         fused_ops: bool = True,
+        fused_decode_layers: bool = True,
     ) -> None:
         self.arch = arch
         self.q4_max_rows = q4_max_rows
@@ -174,6 +176,8 @@ class LlamaModel:
                 lw.qkv, lw.o, lw.gate_up, lw.down = (prepack_dense(t) for t in (lw.qkv, lw.o, lw.gate_up, lw.down))
         # narrow steps read the LM head in int8 too (int8_head.py); off with the 4-bit linears (--q4-decode off)
         self.lm_head_int8 = Int8Head.quantize(self.lm_head, self.uses_vnni) if self.uses_int4 and int8_head_supported() else None
+        # a pure decode step's layers in one C++ call where every op of it is ours (decode_layers.py)
+        self.decode_layers = DecodeLayers.build(self) if fused_decode_layers else None
         cos, sin = rope_tables(arch, device)
         self.cos = cos.to(dtype)  # [max_position, D]
         self.sin = sin.to(dtype)
@@ -230,14 +234,27 @@ class LlamaModel:
         v_cache: list[torch.Tensor],
         logit_rows: torch.Tensor,  # [S] long: rows whose next-token logits are wanted
     ) -> torch.Tensor:  # [S, V] float32
-        arch = self.arch
-        H, Hkv, D = arch.num_heads, arch.num_kv_heads, arch.head_dim
         T = input_ids.shape[0]
         cos_t, sin_t = self.cos[positions], self.sin[positions]  # [T, D]
-        cos, sin = cos_t.unsqueeze(1), sin_t.unsqueeze(1)  # [T, 1, D]
         x = F.embedding(input_ids, self.embed)  # [T, hidden]: the residual stream, added to in place
         narrow = T <= self.q4_max_rows
         h = self._norm(x, self.layers[0].input_norm)
+        if narrow and self.decode_layers is not None and self.decode_layers.applies(meta, T):
+            self.decode_layers.run(x, h, k_cache, v_cache, cos_t, sin_t, meta)
+        else:
+            self._layers(x, h, cos_t, sin_t, meta, k_cache, v_cache, narrow)
+        last = self._norm(x[logit_rows], self.norm)
+        if narrow and self.lm_head_int8 is not None:
+            return self.lm_head_int8.logits(last, self.lm_head)
+        return F.linear(last, self.lm_head).float()
+
+    def _layers(self, x: torch.Tensor, h: torch.Tensor, cos_t: torch.Tensor, sin_t: torch.Tensor,
+                meta: AttentionMetadata, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor], narrow: bool) -> None:
+        """Every layer on x (the residual stream, updated in place) from h, the first layer's normed input."""
+        arch = self.arch
+        H, Hkv, D = arch.num_heads, arch.num_kv_heads, arch.head_dim
+        T = x.shape[0]
+        cos, sin = cos_t.unsqueeze(1), sin_t.unsqueeze(1)  # [T, 1, D]
         for li, lw in enumerate(self.layers):
             q4 = lw.int4 if narrow else None
             qkv = linear(h, lw.qkv, q4 and q4.qkv, lw.qkv_bias)  # [T, (H + 2 Hkv) * D]
@@ -248,7 +265,3 @@ class LlamaModel:
             o = self.attention.forward(q, k_cache[li], v_cache[li], meta)  # [T, H, D]
             h = self._add_norm(x, linear(o.reshape(T, H * D), lw.o, q4 and q4.o), lw.post_norm)
             h = self._mlp(x, h, li, q4)
-        last = self._norm(x[logit_rows], self.norm)
-        if narrow and self.lm_head_int8 is not None:
-            return self.lm_head_int8.logits(last, self.lm_head)
-        return F.linear(last, self.lm_head).float()

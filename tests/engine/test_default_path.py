@@ -26,6 +26,7 @@ def test_shared_system_prompt_from_the_cache_equals_recomputing_it(smollm2_path:
     off = LLM(str(smollm2_path), max_total_tokens=8192, enable_prefix_caching=False)
     model = on.engine.model
     assert isinstance(model.attention, CpuPagedBackend) and model.uses_int4 and model.fused_ops
+    assert (model.decode_layers is not None) == model.uses_vnni  # decode steps' layers in one op (ours all)
     tok = on.tokenizer
     prompts = [tok.encode(tok.apply_chat_template([{"role": "system", "content": SYSTEM},
                                                    {"role": "user", "content": q}], add_generation_prompt=True))

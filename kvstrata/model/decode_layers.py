@@ -1,0 +1,68 @@
+"""All layers of a pure decode step in one C++ op call (csrc/decode_layers.cpp).
+
+A decode step on the int4 path is ~11 small ops a layer (four int4 linears, RoPE with the K/V write,
+paged attention, two fused norms, silu * up), each launched from Python at ~4-5 us of dispatch and
+interpreter: ~330 launches, a sixth of a batch-1 step of SmolLM2. `csrc/decode_layers.cpp` runs the
+same ops on the same kernels in the same order from C++, so the step's bits do not change (tested
+against the Python loop in tests/model/test_decode_layers.py). It applies where every piece of it
+does: our int4 kernel for every linear, the fused ops, the cpu_paged backend's decode kernel for
+these head shapes, no per-head q/k norms (Qwen3), and a step whose rows are all decode rows.
+`--fused-decode-layers off` keeps the Python loop.
+"""
+from __future__ import annotations
+
+import torch
+
+from kvstrata.model import cpu_kernels
+from kvstrata.model.attention import AttentionMetadata, CpuPagedBackend
+
+
+def _flat_weights(layers: list) -> list[torch.Tensor] | None:  # list[LayerWeights]
+    """decode_layers.cpp's 7 tensors a layer, or None where a layer is not all on our int4 kernel."""
+    empty = torch.empty(0)
+    out: list[torch.Tensor] = []
+    for i, lw in enumerate(layers):
+        q4 = lw.int4
+        linears = [q4.qkv, q4.o, q4.gate_up, q4.down] if q4 is not None else []
+        if not linears or any(p.vnni is None for p in linears) or lw.q_norm is not None:
+            return None
+        bias = lw.qkv_bias if lw.qkv_bias is not None else empty
+        nxt = layers[i + 1].input_norm if i + 1 < len(layers) else empty
+        out += [*(p.vnni.packed for p in linears), bias, lw.post_norm, nxt]
+    return out
+
+
+class DecodeLayers:
+    """The flat weight list and the static checks, made once per model; `run` per step."""
+
+    def __init__(self, weights: list[torch.Tensor], heads: int, kv_heads: int, eps: float, fused_silu: bool) -> None:
+        self.weights = weights
+        self.heads, self.kv_heads, self.eps, self.fused_silu = heads, kv_heads, eps, fused_silu
+
+    @classmethod
+    def build(cls, model) -> DecodeLayers | None:  # model: LlamaModel
+        """None unless the op can run every layer of this model's decode steps."""
+        arch = model.arch
+        static_ok = (model.fused_ops and model.uses_vnni and isinstance(model.attention, CpuPagedBackend)
+                     and hasattr(torch.ops.kvstrata, "decode_layers") and arch.head_dim in cpu_kernels.HEAD_DIMS
+                     and model.dtype in cpu_kernels.DTYPES and arch.num_heads % arch.num_kv_heads == 0
+                     and arch.num_heads // arch.num_kv_heads <= cpu_kernels.MAX_GROUP)
+        weights = _flat_weights(model.layers) if static_ok else None
+        if weights is None:
+            return None
+        return cls(weights, arch.num_heads, arch.num_kv_heads, arch.rms_norm_eps, model.fused_silu)
+
+    @staticmethod
+    def applies(meta: AttentionMetadata, rows: int) -> bool:
+        """A step of decode rows only (prefill chunks take the Python loop)."""
+        return (not meta.prefill and meta.decode_rows is not None and meta.decode_rows.shape[0] == rows
+                and meta.decode_pages is not None and meta.decode_lens_t is not None)
+
+    def run(self, x: torch.Tensor, h: torch.Tensor, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor],
+            cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> None:
+        """Every layer on x [rows, hidden] (the residual stream, updated in place) from h, the first
+        layer's normed input; K/V written to the caches as the Python loop writes them."""
+        assert meta.decode_pages is not None and meta.decode_lens_t is not None
+        torch.ops.kvstrata.decode_layers(x, h, self.weights, k_cache, v_cache, cos.contiguous(), sin.contiguous(),
+                                         meta.slot_mapping, meta.decode_pages, meta.decode_lens_t, meta.page_size,
+                                         self.heads, self.kv_heads, self.eps, self.fused_silu)
