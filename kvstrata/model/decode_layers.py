@@ -11,13 +11,41 @@ these head shapes, no per-head q/k norms (Qwen3), and a step whose rows are all 
 """
 from __future__ import annotations
 
+from typing import Protocol, Sequence
+
 import torch
 
 from kvstrata.model import cpu_kernels
-from kvstrata.model.attention import AttentionMetadata, CpuPagedBackend
+from kvstrata.model.arch import ModelArch
+from kvstrata.model.attention import AttentionBackend, AttentionMetadata, CpuPagedBackend
+from kvstrata.model.q4_weights import PackedInt4
 
 
-def _flat_weights(layers: list) -> list[torch.Tensor] | None:  # list[LayerWeights]
+class Int4Linears(Protocol):  # llama.LayerInt4
+    @property
+    def qkv(self) -> PackedInt4: ...
+    @property
+    def o(self) -> PackedInt4: ...
+    @property
+    def gate_up(self) -> PackedInt4: ...
+    @property
+    def down(self) -> PackedInt4: ...
+
+
+class Layer(Protocol):  # what this reads of llama.LayerWeights
+    @property
+    def int4(self) -> Int4Linears | None: ...
+    @property
+    def q_norm(self) -> torch.Tensor | None: ...
+    @property
+    def qkv_bias(self) -> torch.Tensor | None: ...
+    @property
+    def post_norm(self) -> torch.Tensor: ...
+    @property
+    def input_norm(self) -> torch.Tensor: ...
+
+
+def _flat_weights(layers: Sequence[Layer]) -> list[torch.Tensor] | None:
     """decode_layers.cpp's 7 tensors a layer, or None where a layer is not all on our int4 kernel."""
     empty = torch.empty(0)
     out: list[torch.Tensor] = []
@@ -40,17 +68,18 @@ class DecodeLayers:
         self.heads, self.kv_heads, self.eps, self.fused_silu = heads, kv_heads, eps, fused_silu
 
     @classmethod
-    def build(cls, model) -> DecodeLayers | None:  # model: LlamaModel
-        """None unless the op can run every layer of this model's decode steps."""
-        arch = model.arch
-        static_ok = (model.fused_ops and model.uses_vnni and isinstance(model.attention, CpuPagedBackend)
+    def build(cls, layers: Sequence[Layer], arch: ModelArch, dtype: torch.dtype, attention: AttentionBackend,
+              int4_fused: bool, fused_silu: bool) -> DecodeLayers | None:
+        """None unless the op can run every layer of this model's decode steps; `int4_fused`: the model
+        runs our fused ops and our int4 kernel (LlamaModel.fused_ops and .uses_vnni)."""
+        static_ok = (int4_fused and isinstance(attention, CpuPagedBackend)
                      and hasattr(torch.ops.kvstrata, "decode_layers") and arch.head_dim in cpu_kernels.HEAD_DIMS
-                     and model.dtype in cpu_kernels.DTYPES and arch.num_heads % arch.num_kv_heads == 0
+                     and dtype in cpu_kernels.DTYPES and arch.num_heads % arch.num_kv_heads == 0
                      and arch.num_heads // arch.num_kv_heads <= cpu_kernels.MAX_GROUP)
-        weights = _flat_weights(model.layers) if static_ok else None
+        weights = _flat_weights(layers) if static_ok else None
         if weights is None:
             return None
-        return cls(weights, arch.num_heads, arch.num_kv_heads, arch.rms_norm_eps, model.fused_silu)
+        return cls(weights, arch.num_heads, arch.num_kv_heads, arch.rms_norm_eps, fused_silu)
 
     @staticmethod
     def applies(meta: AttentionMetadata, rows: int) -> bool:

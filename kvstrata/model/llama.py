@@ -177,7 +177,8 @@ class LlamaModel:
         # narrow steps read the LM head in int8 too (int8_head.py); off with the 4-bit linears (--q4-decode off)
         self.lm_head_int8 = Int8Head.quantize(self.lm_head, self.uses_vnni) if self.uses_int4 and int8_head_supported() else None
         # a pure decode step's layers in one C++ call where every op of it is ours (decode_layers.py)
-        self.decode_layers = DecodeLayers.build(self) if fused_decode_layers else None
+        self.decode_layers = (DecodeLayers.build(self.layers, arch, dtype, attention, self.fused_ops and self.uses_vnni,
+                                                 self.fused_silu) if fused_decode_layers else None)
         cos, sin = rope_tables(arch, device)
         self.cos = cos.to(dtype)  # [max_position, D]
         self.sin = sin.to(dtype)
