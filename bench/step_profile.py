@@ -54,8 +54,8 @@ def profiled(fn: Callable[[], Any], on: bool, label: str) -> float:
     return wall
 
 
-def decode_steps(llm: LLM, batch: list[list[int]], steps: int, profile: bool, label: str) -> float:
-    """ms per decode step once every request has its first token."""
+def start_decoding(llm: LLM, batch: list[list[int]], label: str) -> None:
+    """Add the batch and step until every request decodes, then two warm decode steps."""
     eng = llm.engine
     for i, p in enumerate(batch):
         eng.add_request(f"{label}-{i}-{time.monotonic_ns()}", p, GREEDY)
@@ -64,13 +64,23 @@ def decode_steps(llm: LLM, batch: list[list[int]], steps: int, profile: bool, la
     for _ in range(2):  # warm the decode shapes
         eng.step()
 
+
+def abort_running(llm: LLM) -> None:
+    for rid in [r.request_id for r in llm.engine.scheduler.running]:
+        llm.engine.abort_request(rid)
+
+
+def decode_steps(llm: LLM, batch: list[list[int]], steps: int, profile: bool, label: str) -> float:
+    """ms per decode step once every request has its first token."""
+    eng = llm.engine
+    start_decoding(llm, batch, label)
+
     def run() -> None:
         for _ in range(steps):
             eng.step()
 
     wall = profiled(run, profile, label)
-    for rid in [r.request_id for r in eng.scheduler.running]:
-        eng.abort_request(rid)
+    abort_running(llm)
     return wall / steps * 1e3
 
 
@@ -82,10 +92,7 @@ def ab_decode_layers(llm: LLM, batch: list[list[int]], blocks: int, label: str) 
     if op is None:
         print(f"{label}: the decode-layers op does not apply to this model or CPU")
         return
-    for i, p in enumerate(batch):
-        eng.add_request(f"ab-{label}-{i}", p, GREEDY)
-    for _ in range(12):  # the prefills, then warm decode shapes
-        eng.step()
+    start_decoding(llm, batch, label)
     times: dict[str, list[float]] = {"one op": [], "Python loop": []}
     for b in range(2 * blocks):
         mode = "one op" if b % 2 == 0 else "Python loop"
@@ -95,8 +102,7 @@ def ab_decode_layers(llm: LLM, batch: list[list[int]], blocks: int, label: str) 
             eng.step()
         times[mode].append((time.perf_counter() - t) / 16 * 1e3)
     model.decode_layers = op
-    for rid in [r.request_id for r in eng.scheduler.running]:
-        eng.abort_request(rid)
+    abort_running(llm)
     print(f"{label}: " + ", ".join(f"{m} {statistics.median(v):.2f} ms/step" for m, v in times.items())
           + f" (medians of {blocks} blocks of 16 steps each)")
 

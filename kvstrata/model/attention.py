@@ -49,6 +49,10 @@ class AttentionMetadata:
     decode_lens_t: torch.Tensor | None = None  # the same lengths as a [B] long tensor on the device
     decode_shared_pages: int = 0  # leading pages all decode rows share (cascade_attention.py), 0 = off
 
+    def pure_decode(self, rows: int) -> bool:
+        """Whether all `rows` of the step are decode rows (no prefill chunk)."""
+        return not self.prefill and self.decode_rows is not None and self.decode_rows.shape[0] == rows
+
 
 class AttentionBackend(Protocol):
     reads_shared_pages_once: bool  # wants meta.decode_shared_pages (cascade decode), else it stays 0
@@ -125,7 +129,7 @@ class TorchSDPABackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        if not meta.prefill and meta.decode_rows is not None and meta.decode_rows.shape[0] == q.shape[0]:
+        if meta.pure_decode(q.shape[0]):
             return self._decode(q, k_cache, v_cache, meta)  # pure decode step: no scatter needed
         out = torch.empty_like(q)
         for seq in meta.prefill:

@@ -9,7 +9,7 @@ page pool), paged_prefill (causal prefill attention over the pages in bf16, on A
 products where the CPU has them), rms_norm, add_rms_norm, rope_store, silu_mul and int8_head_logits (the
 int8 LM head on VNNI or AVX2 integer dot products, model/int8_head.py) and int4_linear (the GGUF's
 4-bit linears on the same, model/q4_weights.py), and decode_layers (all layers of a pure decode step on
-those ops in one call, model/llama.py). KVSTRATA_CPU_ISA=avx2 builds for the x86-64-v3
+those ops in one call, model/decode_layers.py). KVSTRATA_CPU_ISA=avx2 builds for the x86-64-v3
 level instead of -march=native (cpu_caps.py). A machine without a compiler gets False and a logged
 reason; callers keep the torch path.
 """

@@ -72,10 +72,10 @@ class DecodeLayers:
               int4_fused: bool, fused_silu: bool) -> DecodeLayers | None:
         """None unless the op can run every layer of this model's decode steps; `int4_fused`: the model
         runs our fused ops and our int4 kernel (LlamaModel.fused_ops and .uses_vnni)."""
-        static_ok = (int4_fused and isinstance(attention, CpuPagedBackend)
-                     and hasattr(torch.ops.kvstrata, "decode_layers") and arch.head_dim in cpu_kernels.HEAD_DIMS
-                     and dtype in cpu_kernels.DTYPES and arch.num_heads % arch.num_kv_heads == 0
-                     and arch.num_heads // arch.num_kv_heads <= cpu_kernels.MAX_GROUP)
+        q = torch.empty(0, arch.num_heads, arch.head_dim, dtype=dtype)  # shapes only, for the kernel's own check
+        k = torch.empty(0, arch.num_kv_heads, arch.head_dim, dtype=dtype)
+        static_ok = (int4_fused and isinstance(attention, CpuPagedBackend) and hasattr(torch.ops.kvstrata, "decode_layers")
+                     and cpu_kernels.paged_decode_supports(q, k))
         weights = _flat_weights(layers) if static_ok else None
         if weights is None:
             return None
@@ -84,8 +84,7 @@ class DecodeLayers:
     @staticmethod
     def applies(meta: AttentionMetadata, rows: int) -> bool:
         """A step of decode rows only (prefill chunks take the Python loop)."""
-        return (not meta.prefill and meta.decode_rows is not None and meta.decode_rows.shape[0] == rows
-                and meta.decode_pages is not None and meta.decode_lens_t is not None)
+        return meta.pure_decode(rows) and meta.decode_pages is not None and meta.decode_lens_t is not None
 
     def run(self, x: torch.Tensor, h: torch.Tensor, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor],
             cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> None:

@@ -18,8 +18,6 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
-#include <vector>
-
 namespace {
 
 constexpr int64_t kPerLayer = 7;
