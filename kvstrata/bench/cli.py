@@ -20,6 +20,7 @@ from kvstrata.bench.multiround import add_multiround_args
 from kvstrata.bench.radix_bookkeeping import add_radix_bookkeeping_args
 from kvstrata.bench.repeat import add_repeat_args
 from kvstrata.bench.soak import add_soak_args
+from kvstrata.bench.synth.command import add_synth_model_args
 from kvstrata.bench.throughput import add_throughput_args
 from kvstrata.bench.tiers_ttft import add_tiers_ttft_args
 from kvstrata.bench.trace_cli import add_trace_args
@@ -62,6 +63,9 @@ BENCH_COMMANDS: tuple[BenchCommand, ...] = (
                  add_bf16_drift_args, "kvstrata.bench.bf16_drift:run_bf16_drift"),
     BenchCommand("radix-bookkeeping", "in-process: prefix-cache match/lock/hash/evict/insert time per request",
                  add_radix_bookkeeping_args, "kvstrata.bench.radix_bookkeeping:run_radix_bookkeeping"),
+    BenchCommand("synth-model", "write a random-weight GGUF of a real shape (Llama 3.2 1B/3B, Llama 3.1 8B, "
+                 "Qwen2.5 7B) in a file type llama-quantize makes (Q4_K_M, Q8_0, ...)", add_synth_model_args,
+                 "kvstrata.bench.synth.command:run_synth_model"),
     BenchCommand("trace", "replay a Mooncake FAST'25 trace (hash-id blocks as token ids) live, or --simulate "
                  "the L1/L2/L3 cache over it at given capacities", add_trace_args, "kvstrata.bench.trace_cli:run_trace"),
 )

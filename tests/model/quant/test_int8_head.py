@@ -1,5 +1,7 @@
 """The int8 LM head of narrow steps: the kernel computes what its int8 weights say, the
-quantization error stays within its bound, and a model without 4-bit linears keeps the dense head;
+quantization error stays within its bound, a head built from row chunks equals one built at once,
+rescoring reads exact rows from a tensor or a function, and a model without quantized linears keeps
+the dense head;
 our VNNI kernel (csrc/int8_head.cpp) computes exactly the integer dot products of its quantized
 inputs (its portable loops on CPUs without VNNI), and the model uses it exactly where the CPU has it."""
 from __future__ import annotations
@@ -11,7 +13,7 @@ import torch
 
 from kvstrata.model import cpu_kernels
 from kvstrata.model.attention import make_attention_backend
-from kvstrata.model.int8_head import KERNEL_DTYPE, Int8Head
+from kvstrata.model.quant.int8_head import KERNEL_DTYPE, Int8Head
 from kvstrata.model.llama import LlamaModel
 from kvstrata.model.weights import load_weights
 
@@ -36,6 +38,20 @@ def test_rescored_top_logits_are_the_dense_ones_and_greedy_agrees() -> None:
     assert torch.allclose(got.gather(1, top), want.gather(1, top), rtol=1e-5, atol=1e-4)  # exact where rescored
     assert torch.equal(got.argmax(-1), want.argmax(-1))  # greedy = the dense head's choice, row by row
     assert not torch.equal(head.approx_logits(x).argmax(-1), want.argmax(-1))  # which int8 alone misses
+    by_rows = head.logits(x, lambda ids: dense[ids], rescore=16)  # exact rows from a source of row ids
+    assert torch.equal(by_rows, got)
+
+
+@pytest.mark.parametrize("int_dot", [False, True])
+def test_built_from_row_chunks_equals_built_at_once(int_dot: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvstrata.model.quant import int8_head
+
+    dense = torch.randn(16 * 40, 64, generator=torch.Generator().manual_seed(4))
+    whole = Int8Head.quantize(dense, int_dot)
+    monkeypatch.setattr(int8_head, "CHUNK_ROWS", 48)
+    chunked = Int8Head.from_rows(lambda a, b: dense[a:b], 16 * 40, 64, int_dot)
+    assert torch.equal(chunked.weight, whole.weight) and torch.equal(chunked.scales, whole.scales)
+    assert (chunked.pack is not None) == int_dot and (not int_dot or torch.equal(chunked.pack.packed, whole.pack.packed))
 
 
 def test_quantization_error_within_one_step_per_weight() -> None:
@@ -55,7 +71,7 @@ def test_quantization_error_within_one_step_per_weight() -> None:
 def test_dense_model_keeps_the_dense_head(tiny_model_dir: Path) -> None:
     w = load_weights(tiny_model_dir)
     model = LlamaModel(w.arch, w.tensors, torch.float32, torch.device("cpu"), make_attention_backend("torch_sdpa"))
-    assert model.lm_head_int8 is None  # no 4-bit linears (float32 stays transformers-identical)
+    assert model.head.int8 is None  # no quantized linears (float32 stays transformers-identical)
 
 
 def quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,17 +83,17 @@ def quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("rows", [1, 3, 8, 11])  # 11: a pass of 8 rows and one of 3
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_vnni_kernel_is_exact_integer_arithmetic_on_its_quantized_inputs(rows: int, dtype: torch.dtype) -> None:
+def test_kernel_is_exact_integer_arithmetic_on_its_quantized_inputs(rows: int, dtype: torch.dtype) -> None:
     assert cpu_kernels.load_kernels()
     g = torch.Generator().manual_seed(rows)
     dense = torch.randn(16 * 37, 96, generator=g)  # 37 blocks of 16: an odd block at the end
-    head = Int8Head.quantize(dense, vnni=True)
-    assert head.vnni is not None
+    head = Int8Head.quantize(dense, int_dot=True)
+    assert head.pack is not None
     x = (torch.randn(rows, 96, generator=g) * 3).to(dtype)
     x[0, :3] = 0.0
     xq, sx = quantized_activations(x)
     dots = (xq.double() @ head.weight.double().T)  # exact integers
-    want = (dots * sx.double() * head.vnni.wscale.double()[None, :]).float()
+    want = (dots * sx.double() * head.pack.wscale.double()[None, :]).float()
     got = head.approx_logits(x)
     assert got.shape == (rows, 16 * 37) and got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
@@ -87,14 +103,14 @@ def test_vnni_kernel_is_exact_integer_arithmetic_on_its_quantized_inputs(rows: i
     assert torch.equal(head.approx_logits(torch.zeros(2, 96, dtype=dtype)), torch.zeros(2, 16 * 37))
 
 
-def test_vnni_head_is_used_exactly_where_the_cpu_has_it() -> None:
+def test_our_kernel_is_used_exactly_where_the_cpu_has_it() -> None:
     from kvstrata.engine.llm import LLM
 
     gguf = LLM("smollm2", max_total_tokens=512).engine.model  # the default path: int4 linears, int8 head
-    assert gguf.lm_head_int8 is not None
-    assert (gguf.lm_head_int8.vnni is not None) == cpu_kernels.int_dot_simd()
+    assert gguf.head.int8 is not None
+    assert (gguf.head.int8.pack is not None) == cpu_kernels.int_dot_simd()
     off = LLM("smollm2", max_total_tokens=512, fused_ops="off").engine.model
-    assert off.lm_head_int8 is not None and off.lm_head_int8.vnni is None  # --fused-ops off: torch's kernel
+    assert off.head.int8 is not None and off.head.int8.pack is None  # --fused-ops off: torch's kernel
     with pytest.raises(RuntimeError, match="packed holds hidden"):
         torch.ops.kvstrata.int8_head_logits(torch.zeros(1, 8), torch.zeros(1, 3, 16, 4, dtype=torch.int8),
                                             torch.zeros(16, dtype=torch.int32), torch.zeros(16))
