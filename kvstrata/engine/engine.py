@@ -17,7 +17,7 @@ from kvstrata.engine.request import Request
 from kvstrata.engine.runner import ModelRunner
 from kvstrata.engine.sampling_params import InvalidRequestError, SamplingParams
 from kvstrata.engine.scheduler import ScheduledBatch, Scheduler
-from kvstrata.engine.warmup import WarmupReport, keep_freed_heap, warm_up
+from kvstrata.engine.warmup import WarmupReport, keep_freed_heap, release_freed_heap, warm_up
 from kvstrata.kv.events import attach_kv_events
 from kvstrata.kv.hashing import namespace_root
 from kvstrata.kv.pool import PagePool
@@ -88,6 +88,8 @@ class Engine:
         log.info("%s", weights_plan_line(self.model, weights.types))
         identity = weights.identity
         del weights  # the model holds what it runs on
+        if model_cfg.malloc_tuning == "auto" and device.type == "cpu":
+            release_freed_heap()
         log.info("attention backend: %s; fused norms: %s; quantized/int8 kernels: %s; decode layers in one op: %s",
                  type(attention).__name__, self.model.fused_ops,
                  cpu_kernels.int_dot_isa() if self.model.uses_int_dot else "torch", self.model.decode_layers is not None)
@@ -103,7 +105,7 @@ class Engine:
         # fused ops round differently from torch's, and the C++ attention kernels sum in another order:
         # separate namespaces, so no tier (L3 is shared across machines of any CPU) mixes them
         m = self.model
-        layout = ("llama-paged-v1" + ("+q4decode" if m.uses_quant else "") + ("+q4vnni" if m.uses_int_dot else "")
+        layout = ("llama-paged-v1" + ("+q4decode" if m.uses_quant else "") + ("+intdot" if m.uses_int_dot else "")
                   + ("" if m.dense_linears else "+dequantprefill")
                   + ("+fusedops" if m.fused_ops else "") + ("+silumul" if m.fused_silu else "")
                   + attention_layout(attention, dtype, device))

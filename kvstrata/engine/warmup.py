@@ -50,6 +50,16 @@ def keep_freed_heap() -> str:
     return f"glibc {version} mmap_threshold={MMAP_THRESHOLD >> 20}MiB trim_threshold={TRIM_THRESHOLD >> 20}MiB"
 
 
+def release_freed_heap() -> bool:
+    """Give the heap's free memory back to the system once (glibc's malloc_trim): what loading freed
+    (decoded blocks, packing temporaries) would otherwise stay in RSS under the 1 GiB trim threshold."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError, TypeError):
+        return False
+
+
 @dataclass(frozen=True)
 class WarmupReport:
     prefill_tokens: int

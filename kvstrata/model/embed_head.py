@@ -45,6 +45,7 @@ class Head:
             else:
                 assert rows is not None
                 self.int8 = Int8Head.from_rows(rows.chunk, rows.shape[0], rows.shape[1], int_dot)
+                rows.drop_pages()  # read whole once; later only a step's candidate rows
 
     def __call__(self, x: torch.Tensor, narrow: bool) -> torch.Tensor:  # [S, hidden] -> [S, V] float32
         if self.int8 is not None and (narrow or self.dense is None):

@@ -24,8 +24,8 @@ import torch
 from kvstrata.model.arch import ModelArch
 from kvstrata.model.gguf_header import GGUFTensorInfo, gguf_identity, read_gguf_header
 from kvstrata.model.quant.blocks import IntWeight, block_type, decode_blocks
-from kvstrata.model.quant.gguf_rows import GgufRows
-from kvstrata.model.quant.int_dot import pack, packable
+from kvstrata.model.quant.gguf_rows import GgufRows, drop_pages
+from kvstrata.model.quant.int_dot import pack_raw, raw_packable
 from kvstrata.model.quant.torch_int4 import TorchInt4
 
 logger = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class GgufWeights:
     arch: ModelArch
     tensors: dict[str, torch.Tensor]  # dense, in the dtype asked for, by HF name
     identity: str
+    path: Path
     tiles: dict[str, torch.Tensor] = field(default_factory=dict)  # linears as int-dot tiles (quant/int_dot.py)
     q4: dict[str, IntWeight] = field(default_factory=dict)  # Q4_0/Q4_1 linears for torch's int4 kernel
     rows: dict[str, GgufRows] = field(default_factory=dict)  # embedding / LM head rows read from the file
@@ -98,12 +99,13 @@ def load_gguf(path: Path, dtype: torch.dtype = torch.float32, quant: str | None 
             continue
         wanted.append((info, name))
     data = np.memmap(path, dtype=np.uint8, mode="r")
-    out = GgufWeights(arch, {}, gguf_identity(header))
+    out = GgufWeights(arch, {}, gguf_identity(header), path)
     load = functools.partial(_load_tensor, data, arch=arch, dtype=dtype, quant=quant, keep_dense=keep_dense, out=out)
     threads = num_threads or min(8, torch.get_num_threads())
     # numpy releases the GIL in the dequant kernels, so tensors load in parallel
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         list(pool.map(lambda item: load(item[0], item[1]), wanted))
+    del data  # unmapped: the pages read while packing leave this process (rows keep maps of their own)
     return out
 
 
@@ -120,24 +122,25 @@ def _load_tensor(data: np.memmap, info: GGUFTensorInfo, name: str, *, arch: Mode
     heads = _rope_heads(arch, name)
     kept = False  # whether the tensor is held in a quantized form (then dense only with keep_dense)
     if quant == "int_dot" and name in (EMBED, HEAD):
-        out.rows[name] = GgufRows(data, info.offset, info.nbytes, type_name, (shape[0], shape[1]))
+        out.rows[name] = GgufRows(out.path, info.offset, info.nbytes, type_name, (shape[0], shape[1]))
         kept = True
-    elif quant and name.endswith("proj.weight") and block_type(type_name, shape) is not None:
+    elif quant == "int_dot" and name.endswith("proj.weight") and raw_packable(type_name, shape):
+        order = raw if not heads else raw[unpermute_rope_rows(torch.arange(shape[0]).unsqueeze(1), heads).squeeze(1).numpy()]
+        try:
+            out.tiles[name] = pack_raw(order, type_name, (shape[0], shape[1]))
+            kept = True
+        except ValueError as exc:  # a scale past float16's range: that tensor stays dense
+            logger.warning("event=gguf_tensor_dense name=%s type=%s reason=%s", name, type_name, exc)
+    elif quant == "torch_int4" and name.endswith("proj.weight") and block_type(type_name, shape) is not None:
         w = decode_blocks(raw, type_name, (shape[0], shape[1]))
         if heads:
             w = w.rows(unpermute_rope_rows(torch.arange(shape[0]).unsqueeze(1), heads).squeeze(1))
-        if quant == "int_dot" and packable(w) is None:
-            try:
-                out.tiles[name] = pack(w)
-                kept = True
-            except ValueError as exc:  # a scale past float16's range: that tensor stays dense
-                logger.warning("event=gguf_tensor_dense name=%s type=%s reason=%s", name, type_name, exc)
-        elif quant == "torch_int4" and TorchInt4.accepts(w):
+        if TorchInt4.accepts(w):
             out.q4[name] = w  # torch's path keeps the dense weights beside
-        del w
     if not kept or keep_dense:
         tensor = _dense(raw, type_name, shape, dtype)
         out.tensors[name] = unpermute_rope_rows(tensor, heads) if heads else tensor
+    drop_pages(data, info.offset, info.nbytes)  # read once: its file pages need not stay in RSS
 
 
 def _rope_heads(arch: ModelArch, name: str) -> int:

@@ -37,14 +37,32 @@ class Linear:
         w = self.dense
         if w is None:
             assert self.quant is not None
-            w = self.quant.dequantize(x.dtype, scratch.get(self.quant.out_features * self.quant.in_features, x.dtype))
-        elif w.is_mkldnn:
+            return self._dequantized(x, self.quant, scratch)
+        if w.is_mkldnn:
             return torch.ops.mkldnn._linear_pointwise(x, w, self.bias, "none", [], "")
         return F.linear(x, w, self.bias)
 
 
+    def _dequantized(self, x: torch.Tensor, quant: QuantLinear, scratch: Scratch) -> torch.Tensor:
+        """x @ W.T with W dequantized SCRATCH_BYTES at a time (a few thousand rows: each GEMM stays large)."""
+        n, k = quant.out_features, quant.in_features
+        step = max(LANES, SCRATCH_BYTES // (k * x.element_size()) // LANES * LANES)
+        buf = scratch.get(min(n, step) * k, x.dtype)
+        if step >= n:
+            return F.linear(x, quant.dequantize(x.dtype, buf), self.bias)
+        out = torch.empty(x.shape[0], n, dtype=x.dtype)
+        for start in range(0, n, step):
+            stop = min(n, start + step)
+            out[:, start:stop] = F.linear(x, quant.dequantize(x.dtype, buf, start, stop))
+        return out if self.bias is None else out.add_(self.bias)
+
+
+SCRATCH_BYTES = 64 << 20  # a wide step's dequantized weight rows at a time
+LANES = 16  # rows per int-dot tile: chunks start on a tile
+
+
 class Scratch:
-    """One buffer for the dense weight of the linear a wide step is running (reused: no page faults)."""
+    """One buffer for the dense weight rows a wide step is multiplying by (reused: no page faults)."""
 
     def __init__(self) -> None:
         self._buf: torch.Tensor | None = None

@@ -41,10 +41,10 @@ def test_prepacked_dense_linear_matches_f_linear(rows: int, bias: bool) -> None:
 
 
 
-def test_a_quantized_only_linear_dequantizes_into_one_scratch_buffer() -> None:
+def test_a_quantized_only_linear_dequantizes_into_one_scratch_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cpu_kernels.load_kernels()
     tiles = [int_dot.pack(decode_blocks(random_raw(t, 32, 256, i), t, (32, 256))) for i, t in enumerate(("Q4_K", "Q6_K"))]
-    quant = QuantLinear.of_tiles(tiles)
+    quant = QuantLinear(parts=tiles)
     bias = torch.randn(64)
     lean, dense = Linear(None, quant, bias), Linear(quant.dequantize(torch.float32), quant, bias)
     scratch = Scratch()
@@ -53,3 +53,9 @@ def test_a_quantized_only_linear_dequantizes_into_one_scratch_buffer() -> None:
     buf = scratch.get(1, torch.float32)
     assert buf.numel() == 64 * 256 and lean(x, False, scratch) is not None and scratch.get(1, torch.float32) is buf
     assert torch.equal(lean(x[:2], True, scratch), int_dot.linear(x[:2], tiles) + bias)  # narrow: the kernel
+    from kvstrata.model import layer_weights
+
+    monkeypatch.setattr(layer_weights, "SCRATCH_BYTES", 24 * 256 * 4)  # 16 rows at a time: chunks across the parts
+    chunked = Scratch()
+    assert torch.allclose(lean(x, False, chunked), dense(x, False, scratch), rtol=1e-5, atol=1e-5)
+    assert chunked.get(1, torch.float32).numel() == 16 * 256

@@ -15,12 +15,18 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 namespace kvstrata_int_dot {
 
@@ -60,34 +66,87 @@ struct Activations {  // x quantized per row and block of 32: x = scale * (256 h
   std::vector<float> sum16;  // [rows, K / 16]: the sums of each half block (q6's groups)
 };
 
+// The float sums of a block of 32 in one fixed order (vector and portable code alike, so every form
+// gives the same bits): a[l] = x[l] + x[8 + l], b[l] = x[16 + l] + x[24 + l] for l < 8; each half is
+// ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)) of its a or b; the block's sum is half0 + half1.
+inline float sum8(const float* v) {
+  return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+}
+
+// one block of 32 values -> its scale, sums and 16-bit integers as hi/lo bytes
+inline void quantize_block(const float* xb, float& scale, float& sum, float* half, int8_t* hi, int8_t* lo) {
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 y[4];
+  for (int v = 0; v < 4; ++v) y[v] = _mm256_loadu_ps(xb + 8 * v);
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, y[0]), _mm256_andnot_ps(sign, y[1])),
+                           _mm256_max_ps(_mm256_andnot_ps(sign, y[2]), _mm256_andnot_ps(sign, y[3])));
+  alignas(32) float lanes[8], a[8], b[8];
+  _mm256_store_ps(lanes, m);
+  _mm256_store_ps(a, _mm256_add_ps(y[0], y[1]));
+  _mm256_store_ps(b, _mm256_add_ps(y[2], y[3]));
+  float amax = 0.f;
+  for (float l : lanes) amax = std::max(amax, l);
+  half[0] = sum8(a);
+  half[1] = sum8(b);
+  sum = half[0] + half[1];
+  scale = amax > 0.f ? amax / kMax16 : 1.f;
+  const __m256 s = _mm256_set1_ps(scale), top = _mm256_set1_ps(kMax16), bottom = _mm256_set1_ps(-kMax16);
+  __m256i h[4], l[4];
+  for (int v = 0; v < 4; ++v) {
+    const __m256 r = _mm256_round_ps(_mm256_div_ps(y[v], s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i q = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, bottom), top));
+    h[v] = _mm256_srai_epi32(_mm256_add_epi32(q, _mm256_set1_epi32(128)), 8);  // floor: lo in -128..127
+    l[v] = _mm256_sub_epi32(q, _mm256_slli_epi32(h[v], 8));
+  }
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undo packs' per-lane interleave
+  auto bytes = [&](const __m256i* t) {
+    return _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(t[0], t[1]), _mm256_packs_epi32(t[2], t[3])), order);
+  };
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi), bytes(h));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo), bytes(l));
+#else
+  float amax = 0.f, a[8], b[8];
+  for (int t = 0; t < kGroup; ++t) amax = std::max(amax, std::fabs(xb[t]));
+  for (int t = 0; t < 8; ++t) {
+    a[t] = xb[t] + xb[8 + t];
+    b[t] = xb[16 + t] + xb[24 + t];
+  }
+  half[0] = sum8(a);
+  half[1] = sum8(b);
+  sum = half[0] + half[1];
+  scale = amax > 0.f ? amax / kMax16 : 1.f;
+  for (int t = 0; t < kGroup; ++t) {
+    const int x16 = static_cast<int>(std::clamp(std::nearbyint(xb[t] / scale), -kMax16, kMax16));
+    const int h = (x16 + 128) >> 8;  // floor: lo = x16 - 256 hi in -128..127
+    hi[t] = static_cast<int8_t>(h);
+    lo[t] = static_cast<int8_t>(x16 - 256 * h);
+  }
+#endif
+}
+
 template <typename scalar_t>
 Activations quantize(const scalar_t* x, int64_t rows, int64_t K) {
   const int64_t nb = K / kGroup;
   Activations a{std::vector<int8_t>(rows * K), std::vector<int8_t>(rows * K), std::vector<float>(rows * nb),
                 std::vector<float>(rows * nb), std::vector<float>(rows * nb * 2)};
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t j = 0; j < nb; ++j) {
-      const scalar_t* xb = x + r * K + j * kGroup;
-      float amax = 0.f, sum = 0.f, half[2] = {0.f, 0.f};
-      for (int t = 0; t < kGroup; ++t) {
-        const float v = static_cast<float>(xb[t]);
-        amax = std::max(amax, std::fabs(v));
-        sum += v;
-        half[t / 16] += v;
-      }
-      const float s = amax > 0.f ? amax / kMax16 : 1.f;
-      a.scale[r * nb + j] = s;
-      a.sum[r * nb + j] = sum;
-      a.sum16[(r * nb + j) * 2] = half[0];
-      a.sum16[(r * nb + j) * 2 + 1] = half[1];
-      for (int t = 0; t < kGroup; ++t) {
-        const int x16 = static_cast<int>(std::clamp(std::nearbyint(static_cast<float>(xb[t]) / s), -kMax16, kMax16));
-        const int hi = (x16 + 128) >> 8;  // floor: lo = x16 - 256 hi in -128..127
-        a.hi[r * K + j * kGroup + t] = static_cast<int8_t>(hi);
-        a.lo[r * K + j * kGroup + t] = static_cast<int8_t>(x16 - 256 * hi);
+  at::parallel_for(0, rows, 16, [&](int64_t first, int64_t last) {  // a prefill's rows over the threads
+    float block[kGroup];
+    for (int64_t r = first; r < last; ++r) {
+      for (int64_t j = 0; j < nb; ++j) {
+        const scalar_t* xb = x + r * K + j * kGroup;
+        const float* f = block;
+        if constexpr (std::is_same_v<scalar_t, float>) {
+          f = xb;
+        } else {
+          for (int t = 0; t < kGroup; ++t) block[t] = static_cast<float>(xb[t]);
+        }
+        const int64_t at = r * nb + j, off = r * K + j * kGroup;
+        quantize_block(f, a.scale[at], a.sum[at], &a.sum16[2 * at], &a.hi[off], &a.lo[off]);
       }
     }
-  }
+  });
   return a;
 }
 

@@ -2,7 +2,7 @@
 every step of a model that keeps no dense head.
 
 SmolLM2's LM head is its tied embedding, 49,152 x 576: 113 MB in float32, read in full at every
-decode step. With the linears on 4-bit weights (q4_weights.py) it was the largest single read of a
+decode step. With the linears on their quantized blocks (int_dot.py) it was the largest single read of a
 batch-1 step. Here it is held as int8 with one scale per output row (symmetric, max |w| / 127),
 and run by torch's CPU kernel `aten._weight_int8pack_mm(x, w_int8, scales)`, which is fast with
 bf16 activations only (1 row on a 2-core AVX2 EPYC, one thread: 5.5 ms vs 10.3 ms for the float32
@@ -30,7 +30,7 @@ KERNEL_DTYPE = torch.bfloat16
 # float32 head's output 7 times without rescoring, 17 with it (= the int4 linears alone)
 RESCORE_TOP = 32
 ExactRows = Union[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]  # the dense head, or ids [n] -> rows [n, hidden]
-CHUNK_ROWS = 4096  # head rows quantized at a time when built from a row source (no full float32 copy)
+CHUNK_ROWS = 1024  # head rows quantized at a time when built from a row source (no full float32 copy)
 
 
 @dataclass
@@ -45,7 +45,10 @@ class Int8HeadPack:
     def of(cls, q: torch.Tensor, scales: torch.Tensor) -> Int8HeadPack:
         V, K = q.shape
         packed = q.view(V // 16, 16, K // 4, 4).permute(0, 2, 1, 3).contiguous()
-        return cls(packed, q.sum(dim=1, dtype=torch.int32), scales.float().contiguous())
+        wsum = torch.empty(V, dtype=torch.int32)
+        for start in range(0, V, CHUNK_ROWS):  # in chunks: summing casts to int32 first (4 bytes a weight)
+            wsum[start:start + CHUNK_ROWS] = q[start:start + CHUNK_ROWS].sum(dim=1, dtype=torch.int32)
+        return cls(packed, wsum, scales.float().contiguous())
 
 
 def packable(rows: int, hidden: int) -> bool:
@@ -76,7 +79,15 @@ class Int8Head:
             q[start:stop] = torch.round(w / s[:, None]).clamp(-127, 127).to(torch.int8)
             scales[start:stop] = s
         pack = Int8HeadPack.of(q, scales) if int_dot and packable(vocab, hidden) else None
-        return cls(q, scales.to(KERNEL_DTYPE), pack)
+        # torch's kernel reads `weight`; ours only its pack (the same values), so only one is kept
+        return cls(q if pack is None else torch.empty(0, hidden, dtype=torch.int8), scales.to(KERNEL_DTYPE), pack)
+
+    def int8_weight(self) -> torch.Tensor:
+        """[V, hidden] int8, whichever kernel holds it."""
+        if self.pack is None:
+            return self.weight
+        p = self.pack.packed  # [V / 16, hidden / 4, 16, 4]
+        return p.permute(0, 2, 1, 3).reshape(p.shape[0] * 16, p.shape[1] * 4)
 
     def approx_logits(self, x: torch.Tensor) -> torch.Tensor:  # x [S, hidden] -> [S, V] float32
         if self.pack is not None:

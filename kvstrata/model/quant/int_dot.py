@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from kvstrata.model.quant.blocks import IntWeight
+import numpy as np
+
+from kvstrata.model.quant.blocks import BLOCK_TYPES, IntWeight, decode_blocks
 
 LANES, GROUP = 16, 32  # output rows and inputs per tile
 # bits of q -> (format name, high bits kept beside the low nibble, scale groups per tile row, tile bytes)
@@ -24,9 +26,12 @@ PACK_ROWS = 2048  # rows packed at a time: bounds the temporaries of a large ten
 
 def packable(w: IntWeight) -> str | None:
     """None if `w` fits the kernels' tiles, else why not."""
-    n, k = w.q.shape
-    if w.bits not in FORMATS or w.group != (16 if w.bits == 6 else 32):
-        return f"{w.bits}-bit values in groups of {w.group}"
+    return _packable(w.bits, w.group, *w.q.shape)
+
+
+def _packable(bits: int, group: int, n: int, k: int) -> str | None:
+    if bits not in FORMATS or group != (16 if bits == 6 else 32):
+        return f"{bits}-bit values in groups of {group}"
     if n % LANES or k % GROUP:
         return f"shape [{n}, {k}] (rows must be a multiple of {LANES}, columns of {GROUP})"
     return None
@@ -38,6 +43,27 @@ def tile_bytes(bits: int) -> int:
 
 def format_name(packed: torch.Tensor) -> str:
     return next(name for name, _, _, size in FORMATS.values() if size == packed.shape[2])
+
+
+def raw_packable(type_name: str, shape: tuple[int, ...]) -> bool:
+    """Whether a GGUF tensor of this block type and shape [N, K] packs (without decoding it)."""
+    spec = BLOCK_TYPES.get(type_name)
+    if spec is None or len(shape) != 2:
+        return False
+    per, _, bits, group = spec
+    return shape[1] % per == 0 and _packable(bits, group, shape[0], shape[1]) is None
+
+
+def pack_raw(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> torch.Tensor:
+    """A GGUF tensor's raw blocks [N, bytes a row] -> tiles, decoded and packed PACK_ROWS rows at a time
+    (so a large tensor never exists unpacked); raises ValueError as `pack` does."""
+    n, k = shape
+    bits = BLOCK_TYPES[type_name][2]
+    out = torch.empty(n // LANES, k // GROUP, tile_bytes(bits), dtype=torch.uint8)
+    for r in range(0, n, PACK_ROWS):
+        w = decode_blocks(raw[r:r + PACK_ROWS], type_name, shape)
+        out[r // LANES:(r + w.q.shape[0]) // LANES] = pack(w)
+    return out
 
 
 def pack(w: IntWeight) -> torch.Tensor:

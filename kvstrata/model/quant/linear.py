@@ -1,9 +1,10 @@
 """A layer's four linears (fused q/k/v, o, fused gate/up, down) on quantized weights.
 
 `QuantLinear` runs one of them for a narrow (decode) step: on our integer-dot kernel (int_dot.py), one
-call over its parts, each part in its own block type (a Q4_K_M file mixes Q4_K and Q6_K within a
-layer; consecutive parts of one type are merged into one), or on torch's int4 kernel (torch_int4.py)
-where ours has no vector form. `dequantize` gives its dense weight for a wide step where the model
+call over its parts (the q, k and v weights as the file holds them, each in its own block type: a
+Q4_K_M file mixes Q4_K and Q6_K within a layer; the call quantizes the activations once and spreads all
+parts' tiles over the threads, so parts cost nothing over one fused weight), or on torch's int4 kernel
+(torch_int4.py) where ours has no vector form. `dequantize` gives its dense weight for a wide step where the model
 keeps no dense copy (llama.py).
 """
 from __future__ import annotations
@@ -30,16 +31,6 @@ class QuantLinear:
     parts: list[torch.Tensor] = field(default_factory=list)  # int-dot tiles [N_p / 16, K / 32, bytes], row order
     torch_int4: TorchInt4 | None = None  # set: torch's int4 kernel runs it instead
 
-    @classmethod
-    def of_tiles(cls, tiles: list[torch.Tensor]) -> QuantLinear:
-        merged: list[torch.Tensor] = []
-        for t in tiles:
-            if merged and merged[-1].shape[2] == t.shape[2]:
-                merged[-1] = torch.cat([merged[-1], t])
-            else:
-                merged.append(t)
-        return cls(parts=merged)
-
     @property
     def out_features(self) -> int:
         if self.torch_int4 is not None:
@@ -63,16 +54,22 @@ class QuantLinear:
             return self.torch_int4(x)
         return int_dot.linear(x, self.parts)
 
-    def dequantize(self, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The dense weight [N, K] in `dtype` (into `out`, a buffer of at least N * K elements, if given)."""
+    def dequantize(self, dtype: torch.dtype, out: torch.Tensor | None = None, start: int = 0,
+                   stop: int | None = None) -> torch.Tensor:
+        """Rows start..stop (default all) of the dense weight [N, K] in `dtype`, into `out` (a buffer of
+        at least that many elements) if given."""
         assert self.torch_int4 is None, "torch's int4 path keeps its dense weights"
-        n, k = self.out_features, self.in_features
+        stop = self.out_features if stop is None else stop
+        n, k = stop - start, self.in_features
         dense = torch.empty(n, k, dtype=dtype) if out is None else out[: n * k].view(n, k)
-        row = 0
+        first = 0  # the part's first row in the whole weight
         for p in self.parts:
             rows = p.shape[0] * int_dot.LANES
-            int_dot.dequantize(p, dtype, out=dense[row:row + rows])
-            row += rows
+            a, b = max(start, first), min(stop, first + rows)
+            if a < b:
+                ids = None if (a, b) == (first, first + rows) else torch.arange(a - first, b - first)
+                int_dot.dequantize(p, dtype, rows=ids, out=dense[a - start:b - start])
+            first += rows
         return dense
 
 
@@ -88,11 +85,12 @@ class LayerLinears:
 
     @classmethod
     def of_tiles(cls, tiles: dict[str, torch.Tensor], layer: int) -> LayerLinears | None:
-        """From int-dot tiles by HF name; None unless every linear of the layer is there."""
+        """From int-dot tiles by HF name, taken out of `tiles` (the model holds them from here); None,
+        leaving them, unless every linear of the layer is there."""
         groups = {name: part_names(layer, name) for name in LINEAR_PARTS}
         if not all(n in tiles for names in groups.values() for n in names):
             return None
-        return cls(**{name: QuantLinear.of_tiles([tiles[n] for n in names]) for name, names in groups.items()})
+        return cls(**{name: QuantLinear(parts=[tiles.pop(n) for n in names]) for name, names in groups.items()})
 
     @classmethod
     def of_torch_int4(cls, q4: dict[str, IntWeight], layer: int) -> LayerLinears | None:

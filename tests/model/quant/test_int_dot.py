@@ -134,3 +134,11 @@ def portable_outputs() -> dict[str, torch.Tensor]:
             out[f"{type_name} rows={rows}"] = int_dot.linear(x[:rows], [packed])
         out[f"{type_name} dense"] = int_dot.dequantize(packed, torch.float32)
     return out
+
+
+@pytest.mark.parametrize("type_name,k", [("Q4_K", 2048), ("Q6_K", 4096), ("Q8_0", 4096), ("Q5_K", 2048)])
+def test_linear_at_real_widths(type_name: str, k: int) -> None:
+    w = weight(type_name, 32, k, seed=k)
+    x = torch.randn(8, k, generator=torch.Generator().manual_seed(k))
+    got = int_dot.linear(x, [int_dot.pack(w)])
+    assert_matches(got, x, w, 1e-6)
