@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvstrata.bench.tiers_ttft import server  # the same `kvstrata serve` on a free port, stopped by SIGTERM
+from kvstrata.bench.kv.tiers_ttft import server  # the same `kvstrata serve` on a free port, stopped by SIGTERM
 
 SERVE = ["--dtype", "float32", "--max-total-tokens", "2048", "--kvstore-ratio", "1"]
 AGENTIC = ["--sessions", "3", "--agents", "1", "--system-tokens", "800", "--concurrency", "3"]

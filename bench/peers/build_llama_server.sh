@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build llama.cpp's `llama-server` from the tree vendored in the llama-cpp-python sdist
-# (../shared/PEERS.md) into .peers/llama.cpp/bin/ (about 7 minutes on 2 cores). Idempotent.
+# (docs/peers.md) into .peers/llama.cpp/bin/ (about 7 minutes on 2 cores). Idempotent.
 # Usage: bench/peers/build_llama_server.sh [PIP]   (PIP: a pip to download the sdist with)
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Start vLLM CPU (from `make bench-peers`) on the HF copy of SmolLM2, as ../shared/PEERS.md says:
+# Start vLLM CPU (from `make bench-peers`) on the HF copy of SmolLM2, as docs/peers.md says:
 # both cores, prefix caching and cached-token details on. Usage: bench/peers/vllm_serve.sh [PORT [VLLM ARGS...]]
 # Without a --dtype among the arguments it gets kvstrata's choice for this CPU
 # (`kvstrata dtype-plan --peer-dtype`: float32 where bf16 GEMM is slow, e.g. AVX2).
