@@ -1,9 +1,11 @@
 """The `trace` entry of `bench compare`'s workload registry (workloads.py).
 
 `kvstrata bench compare --workload trace --trace FILE --engines kvstrata,vllm ...` replays the same
-trace slice (kvstrata/bench/trace/replay.py) against each engine in turn. Both serve float32 (on an AVX2-only
-CPU bf16 matmuls are ~100x slower than float32); kvstrata gets 0.5 GB of L1 (~10.9k float32
-SmolLM2 tokens) and an L2 of 5x that (~54k tokens), so a slice's working set fits L1+L2 in ~3 GB.
+trace slice (trace/replay.py) against each engine in turn. Every engine runs its own default plan
+for the CPU, as in every other workload: kvstrata `--dtype auto`, vLLM the dtype engines.py gives it
+(`peer_dtype()`), llama.cpp its GGUF. The only extra flags size kvstrata's KV for a trace slice:
+0.5 GB of L1 and an L2 of 5x that (SmolLM2 in bf16: ~21.7k tokens of L1 and ~108k of L2; half that
+in float32), so a slice's working set fits L1+L2 in ~3 GB.
 """
 from __future__ import annotations
 
@@ -12,8 +14,7 @@ from typing import Any
 
 from kvstrata.bench.compare.table import Column, CompareWorkload
 
-SERVE_ARGS = {"kvstrata": ("--dtype", "float32", "--kv-cache-memory", "0.5", "--kvstore-ratio", "5"),
-              "vllm": ("--dtype", "float32")}
+SERVE_ARGS = {"kvstrata": ("--kv-cache-memory", "0.5", "--kvstore-ratio", "5")}
 _HEADERS = ("hit rate (achieved / ideal / page ideal)", "achieved / ideal", "TTFT p50 / p90 / p99", "TPOT p50 / p99",
             "goodput", "duration", "errors")
 

@@ -15,6 +15,7 @@ from kvstrata.bench.compare.engines import EngineSpec
 from kvstrata.bench.compare.table import markdown_table, throughput_columns
 from kvstrata.bench.compare.workloads import COMPARE_WORKLOADS
 from kvstrata.cli import main
+from kvstrata.model.dtype_plan import peer_dtype
 
 FAKE = str(Path(__file__).resolve().parents[1] / "_fake_engine_proc.py")  # the test doubles live in tests/bench/
 
@@ -84,6 +85,17 @@ def test_registry_has_every_workload_with_its_columns() -> None:
     assert COMPARE_WORKLOADS["repeat"].serve_args == {"kvstrata": ("--response-cache-size", "1024")}
     assert [c.header for c in throughput_columns(8)] == [
         "cold prefill tokens/s", "decode tokens/s, batch 1", "decode tokens/s, batch 8", "probe errors"]
+
+
+def test_every_workload_leaves_the_dtype_to_each_engines_default_plan() -> None:
+    """One rule for peers' settings: no workload passes --dtype; kvstrata runs `--dtype auto` and vLLM
+    the dtype engines.py gives it (peer_dtype(), the same for every workload)."""
+    for name, workload in COMPARE_WORKLOADS.items():
+        for engine, flags in workload.serve_args.items():
+            assert not any(f == "--dtype" or f.startswith("--dtype=") for f in flags), (name, engine)
+    assert "--dtype" not in engines._kvstrata(8300, "m.gguf")
+    vllm = engines._vllm(8300, "m.gguf")
+    assert vllm[vllm.index("--dtype") + 1] == peer_dtype()
 
 
 def test_table_rows_carry_the_probe_figures_and_a_not_run_row_has_every_cell() -> None:

@@ -130,7 +130,7 @@ def test_bad_trace_exits_2_naming_the_line(tmp_path: Path, capsys: pytest.Captur
 
 def test_compare_runs_trace_as_a_workload(tmp_path: Path) -> None:
     workload = COMPARE_WORKLOADS["trace"]
-    assert workload.serve_args["kvstrata"][:2] == ("--dtype", "float32") and "--dtype" in workload.serve_args["vllm"]
+    assert workload.serve_args == {"kvstrata": ("--kv-cache-memory", "0.5", "--kvstore-ratio", "5")}
     parser = argparse.ArgumentParser()
     workload.add_arguments(parser)
     parser.add_argument("--page-size", type=int, default=16)
