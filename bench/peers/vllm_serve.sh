@@ -14,7 +14,7 @@ if [[ " ${args[*]-} " != *" --dtype "* && " ${args[*]-} " != *" --dtype="* ]]; t
   args+=(--dtype "$dtype")
 fi
 export VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=0-1
-# an AVX2 cap (README: KVSTRATA_CPU_ISA) holds for the peer too: its kernel library by that cap, not the hardware
+# an AVX2 cap (KVSTRATA_CPU_ISA, docs/cpu-kernels.md) holds for the peer too: its kernel library by that cap, not the hardware
 if [ "$(echo "${KVSTRATA_CPU_ISA:-}" | tr -d ' ' | tr A-Z a-z)" = avx2 ]; then
   export PYTHONPATH="$PWD/bench/peers/avx2cap${PYTHONPATH:+:$PYTHONPATH}"
 fi

@@ -10,8 +10,9 @@ long as h < (high - low) ** min(block_tokens, 3), which `block()` checks. The ra
 below 1000 or above 30000), so every server takes the ids as plain text.
 
 A request's prompt is its blocks in order, cut to `scaled_length`: the trace's 512-token block
-becomes `block_tokens` tokens (16 by default, what this CPU can prefill), and the last block is
-cut in proportion, ceil(input_length * block_tokens / 512) tokens in all. Requests that share a
+becomes `block_tokens` tokens (16 by default, so a slice's prompts stay short enough for a small CPU
+to prefill), and the last block is cut in proportion, ceil(input_length * block_tokens / 512) tokens
+in all. Requests that share a
 leading run of ids therefore share exactly that token prefix.
 """
 from __future__ import annotations

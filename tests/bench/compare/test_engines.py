@@ -1,4 +1,4 @@
-"""The peers under the README's AVX2 cap (KVSTRATA_CPU_ISA=avx2): llama.cpp's AVX2-only binary, and
+"""The peers under the AVX2 cap (KVSTRATA_CPU_ISA=avx2, docs/cpu-kernels.md): llama.cpp's AVX2-only binary, and
 vLLM told by bench/peers/avx2cap/sitecustomize.py that the CPU has no AVX-512 (it picks its kernel
 library from torch.cpu's checks, which read the hardware)."""
 from __future__ import annotations
