@@ -123,7 +123,7 @@ class CacheConfig:
     kvstore_size: float = opt(0.0, "L2 host memory in GB; overrides --kvstore-ratio when > 0", min=0.0)
     eviction_policy: str = opt(
         "slru", "L1/L2 eviction order: slru (segmented LRU) keeps reused pages and session continuations "
-        "past one-off prompts (scan resistance, see README); lru is recency only", choices=["slru", "lru"],
+        "past one-off prompts (scan resistance, see docs/kv-tiers.md); lru is recency only", choices=["slru", "lru"],
     )
     prompt_cache_retention_quota: float = opt(
         0.5, "share of L2 that prompt_cache_retention \"24h\" pages may hold safe from other traffic",

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build llama.cpp's `llama-server` (and `llama-quantize`, for `kvstrata bench synth-model`) from the tree vendored in the llama-cpp-python sdist
-# (../shared/PEERS.md) into .peers/llama.cpp/bin/ (about 7 minutes on 2 cores). Idempotent.
+# Build llama.cpp's `llama-server` (and `llama-quantize`, for `kvstrata bench synth-model`) from the tree
+# vendored in the llama-cpp-python sdist (docs/peers.md) into .peers/llama.cpp/bin/ (about 8 minutes on 2
+# cores). Idempotent.
 # Usage: bench/peers/build_llama_server.sh [PIP]   (PIP: a pip to download the sdist with)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -12,7 +13,7 @@ OUT=.peers/llama.cpp
 FLAGS="-DGGML_NATIVE=ON"
 BUILD=build
 if [ "$(echo "${KVSTRATA_CPU_ISA:-}" | tr -d ' ' | tr A-Z a-z)" = avx2 ]; then
-  # the README's AVX2 cap: an AVX2-only binary beside the native one, for the peer under that cap
+  # the AVX2 cap (docs/cpu-kernels.md): an AVX2-only binary beside the native one, for the peer under that cap
   OUT=.peers/llama.cpp-avx2 BUILD=build-avx2
   FLAGS="-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
   FLAGS="$FLAGS -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF"

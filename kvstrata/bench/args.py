@@ -9,7 +9,7 @@ import argparse
 import os
 from pathlib import Path
 
-from kvstrata.bench.scan import add_scan_args
+from kvstrata.bench.agentic.scan import add_scan_args
 
 DEFAULT_TOKENIZER_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -59,5 +59,5 @@ def add_agentic_workload_args(parser: argparse.ArgumentParser) -> argparse._Argu
                        help="distinct system prompts; session s uses agent s %% agents (default: %(default)s)")
     group.add_argument("--turn-tokens", type=int, default=100,
                        help="tokens per user message or tool result, 20-200 (default: %(default)s)")
-    add_scan_args(group)  # --scan-prompts, --scan-tokens, --think-time, --cache-hints (scan.py)
+    add_scan_args(group)  # --scan-prompts, --scan-tokens, --think-time, --cache-hints (agentic/scan.py)
     return group
