@@ -181,10 +181,3 @@ def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     half = weight.shape[0] // num_heads // 2
     w = weight.reshape(num_heads, half, 2, *weight.shape[1:])  # [heads, half, 2, in]
     return w.transpose(1, 2).reshape(weight.shape).contiguous()
-
-
-def permute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """llama.cpp's permutation (what its converter applies); the inverse of `unpermute_rope_rows`."""
-    half = weight.shape[0] // num_heads // 2
-    w = weight.reshape(num_heads, 2, half, *weight.shape[1:])  # [heads, 2, half, in]
-    return w.transpose(1, 2).reshape(weight.shape).contiguous()
