@@ -18,6 +18,7 @@ export VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=0-1
 if [ "$(echo "${KVSTRATA_CPU_ISA:-}" | tr -d ' ' | tr A-Z a-z)" = avx2 ]; then
   export PYTHONPATH="$PWD/bench/peers/avx2cap${PYTHONPATH:+:$PYTHONPATH}"
 fi
-exec .peers/vllm/bin/python -m vllm.entrypoints.openai.api_server --model .peers/smollm2-hf \
+model=.peers/smollm2-hf  # or the HF copy of another GGUF: --model DIR among the arguments (a later one wins)
+exec .peers/vllm/bin/python -m vllm.entrypoints.openai.api_server --model "$model" \
   --served-model-name smollm2 --enable-prefix-caching --enable-prompt-tokens-details \
   --max-model-len 4096 --host 127.0.0.1 --port "$port" "${args[@]}"

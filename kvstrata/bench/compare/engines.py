@@ -1,6 +1,7 @@
 """The servers `kvstrata bench compare` starts in turn: how to launch each, wait for it, stop it.
 
-Each engine gets both cores and the same model (SmolLM2-135M-Instruct): kvstrata from the GGUF,
+Each engine gets both cores and the same model (the GGUF of `--tokenizer`/`--model-file`, SmolLM2-135M-Instruct
+by default): kvstrata and llama.cpp from the GGUF,
 vLLM CPU from the HF copy (`make bench-peers`, `bench/peers/vllm_serve.sh`, with `--dtype` from
 kvstrata's own per-CPU choice, dtype_plan.py: float32 where bf16 GEMM is slow), llama.cpp's
 `llama-server` from the GGUF (`.peers/llama.cpp/bin/llama-server`, docs/peers.md; `.peers/llama.cpp-avx2/`
@@ -42,15 +43,27 @@ class EngineSpec:
 
 
 def _kvstrata(port: int, gguf: str) -> list[str]:
-    return [sys.executable, "-m", "kvstrata.cli", "serve", "--model", "smollm2", "--port", str(port),
-            "--log-level", "warning"]
+    return [sys.executable, "-m", "kvstrata.cli", "serve", "--model", gguf, "--served-model-name", "smollm2",
+            "--port", str(port), "--log-level", "warning"]
+
+
+def hf_copy(gguf: str) -> Path:
+    """The Hugging Face folder vLLM serves for `gguf`: .peers/smollm2-hf for the default model (`make
+    bench-peers`), else .peers/<file stem>-hf, written once by export_hf (the same weights, dequantized)."""
+    from kvstrata.bench.args import default_tokenizer
+
+    if Path(gguf).expanduser().resolve() == Path(default_tokenizer()).resolve():
+        return REPO / ".peers/smollm2-hf"
+    from kvstrata.bench.compare.export_hf import export_hf
+
+    return export_hf(gguf, REPO / ".peers" / f"{Path(gguf).stem}-hf")
 
 
 def _vllm(port: int, gguf: str) -> list[str]:
     # vLLM CPU's default is bf16, ~100x slower GEMMs on CPUs without native bf16: give it our choice
     from kvstrata.model.dtype_plan import peer_dtype
 
-    return [str(REPO / "bench/peers/vllm_serve.sh"), str(port), "--dtype", peer_dtype()]
+    return [str(REPO / "bench/peers/vllm_serve.sh"), str(port), "--dtype", peer_dtype(), "--model", str(hf_copy(gguf))]
 
 
 def _llama_server() -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,3 +31,19 @@ def test_the_vllm_sitecustomize_hides_avx512_from_torch_cpu() -> None:
     assert done.returncode == 0 and done.stdout.split() == ["False", "False"], done.stderr[-2000:]
     script = (engines.REPO / "bench/peers/vllm_serve.sh").read_text()
     assert "bench/peers/avx2cap" in script and "KVSTRATA_CPU_ISA" in script
+
+
+def test_every_engine_serves_the_compared_gguf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--model-file FILE`: kvstrata and llama.cpp get the file, vLLM the HF copy of it (SmolLM2's from
+    `make bench-peers`, another model's written beside it on first use)."""
+    from kvstrata.bench.args import default_tokenizer
+
+    cmd = engines._kvstrata(8400, "models/x.gguf")
+    assert cmd[cmd.index("--model") + 1] == "models/x.gguf" and cmd[cmd.index("--served-model-name") + 1] == "smollm2"
+    assert engines._llamacpp(8400, "models/x.gguf")[2] == "models/x.gguf"
+    assert engines.hf_copy(default_tokenizer()) == engines.REPO / ".peers/smollm2-hf"
+    written: list[tuple[str, Path]] = []
+    monkeypatch.setattr("kvstrata.bench.compare.export_hf.export_hf", lambda g, out: written.append((g, out)) or out)
+    vllm = engines._vllm(8400, str(tmp_path / "llama-1b.gguf"))
+    assert vllm[vllm.index("--model") + 1] == str(engines.REPO / ".peers/llama-1b-hf")
+    assert written == [(str(tmp_path / "llama-1b.gguf"), engines.REPO / ".peers/llama-1b-hf")]
