@@ -37,6 +37,7 @@ from kvstrata.model.weights import load_weights
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+WARMUP_MACS = 1 << 38  # the default warm-up step's linear work (Engine.default_warmup_tokens)
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,11 @@ class Engine:
             self._requests.pop(req.request_id, None)
             outs.append(self.outputs.output(req))
         return outs
+
+    def default_warmup_tokens(self, step_budget: int) -> int:
+        """The step budget, cut so a warm-up prefill does at most WARMUP_MACS multiply-adds in the linears
+        (SmolLM2 keeps 2048 tokens; a 1B model runs ~280, not the minute a 2k-token step takes on 2 cores)."""
+        return min(step_budget, max(64, WARMUP_MACS // max(1, self.model.linear_params())))
 
     def warm_up(self, num_tokens: int) -> WarmupReport:
         """Before any request: one dummy step of `num_tokens` (and a decode step); warmup.py says why."""

@@ -96,6 +96,12 @@ class LlamaModel:
         self.cos = cos.to(dtype)  # [max_position, D]
         self.sin = sin.to(dtype)
 
+    def linear_params(self) -> int:
+        """Weights of the layers' linears: the multiply-adds a token costs in them."""
+        return sum(lin.quant.out_features * lin.quant.in_features if lin.quant is not None and lin.quant.parts
+                   else lin.dense.shape[0] * lin.dense.shape[1] if lin.dense is not None else 0
+                   for layer in self.layers for lin in layer.linears())
+
     def resident_bytes(self) -> dict[str, int]:
         """Bytes the weights hold, by form (for the start-up plan line)."""
         out = {"dense": 0, "quantized": 0, "int8_head": 0}

@@ -69,9 +69,10 @@ def run_server(
         from kvstrata.engine.async_engine import AsyncEngine  # heavy (torch): imported off the server's path
 
         engine = AsyncEngine.from_config(model_cfg, cache_cfg, sched_cfg)
-        tokens = server_cfg.warmup_tokens if server_cfg.warmup_tokens is not None else sched_cfg.max_num_batched_tokens
-        if tokens > 0:  # before the engine is published: /health says ready only after it
-            engine.call_blocking(lambda e: e.warm_up(tokens))
+        tokens = server_cfg.warmup_tokens
+        if tokens is None or tokens > 0:  # before the engine is published: /health says ready only after it
+            budget = sched_cfg.max_num_batched_tokens
+            engine.call_blocking(lambda e: e.warm_up(tokens if tokens is not None else e.default_warmup_tokens(budget)))
         return engine
 
     logging.basicConfig(

@@ -57,6 +57,21 @@ def test_warm_up_keeps_to_the_free_pages_and_the_context(tiny_model_dir: Path) -
     assert generate(small, PROMPTS[:1])[0]
 
 
+def test_the_default_warm_up_is_cut_for_large_models(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvstrata.engine import engine as engine_module
+
+    eng = engine(tiny_model_dir)
+    params = eng.model.linear_params()
+    a = eng.model.arch
+    per_layer = (a.num_heads + 2 * a.num_kv_heads) * a.head_dim * a.hidden_size + a.num_heads * a.head_dim * a.hidden_size
+    assert params == a.num_layers * (per_layer + 3 * a.intermediate_size * a.hidden_size)
+    assert eng.default_warmup_tokens(2048) == 2048  # a small model: the whole step budget
+    monkeypatch.setattr(engine_module, "WARMUP_MACS", params * 300)
+    assert eng.default_warmup_tokens(2048) == 300
+    monkeypatch.setattr(engine_module, "WARMUP_MACS", params)
+    assert eng.default_warmup_tokens(2048) == 64  # never below a 64-token step
+
+
 def test_call_blocking_runs_on_the_engine_thread(tiny_model_dir: Path) -> None:
     import threading
 
