@@ -40,6 +40,7 @@ class EngineSpec:
     needs: str  # a path that must exist, relative to the repo ("" = nothing)
     install_hint: str
     startup_timeout_s: float
+    prepare: Callable[[str], None] | None = None  # run with the gguf path before the server starts
 
 
 def _kvstrata(port: int, gguf: str) -> list[str]:
@@ -49,14 +50,22 @@ def _kvstrata(port: int, gguf: str) -> list[str]:
 
 def hf_copy(gguf: str) -> Path:
     """The Hugging Face folder vLLM serves for `gguf`: .peers/smollm2-hf for the default model (`make
-    bench-peers`), else .peers/<file stem>-hf, written once by export_hf (the same weights, dequantized)."""
+    bench-peers`), else .peers/<file stem>-hf (`write_hf_copy` makes it)."""
     from kvstrata.bench.args import default_tokenizer
 
     if Path(gguf).expanduser().resolve() == Path(default_tokenizer()).resolve():
         return REPO / ".peers/smollm2-hf"
+    return REPO / ".peers" / f"{Path(gguf).stem}-hf"
+
+
+def write_hf_copy(gguf: str) -> None:
+    """Before vLLM starts on another GGUF than the default: its HF copy, exported once (the same weights,
+    dequantized by transformers)."""
     from kvstrata.bench.compare.export_hf import export_hf
 
-    return export_hf(gguf, REPO / ".peers" / f"{Path(gguf).stem}-hf")
+    out = hf_copy(gguf)
+    if out != REPO / ".peers/smollm2-hf":
+        export_hf(gguf, out)
 
 
 def _vllm(port: int, gguf: str) -> list[str]:
@@ -85,7 +94,7 @@ def _llamacpp(port: int, gguf: str) -> list[str]:
 
 ENGINES: dict[str, EngineSpec] = {
     "kvstrata": EngineSpec("kvstrata", _kvstrata, "", "", 300.0),
-    "vllm": EngineSpec("vllm", _vllm, ".peers/vllm/bin/python", "run `make bench-peers`", 600.0),
+    "vllm": EngineSpec("vllm", _vllm, ".peers/vllm/bin/python", "run `make bench-peers`", 600.0, write_hf_copy),
     "llamacpp": EngineSpec("llamacpp", _llamacpp, _llama_server(),
                            "run bench/peers/build_llama_server.sh (docs/peers.md)", 300.0),
 }
@@ -99,6 +108,8 @@ class RunningServer:
     ) -> None:
         if spec.needs and not (REPO / spec.needs).exists():
             raise EngineUnavailable(f"{spec.name}: {spec.needs} is missing; {spec.install_hint}")
+        if spec.prepare is not None:
+            spec.prepare(gguf)
         self.spec = spec
         self.url = f"http://127.0.0.1:{port}"
         log_path.parent.mkdir(parents=True, exist_ok=True)

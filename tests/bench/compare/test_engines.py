@@ -44,6 +44,9 @@ def test_every_engine_serves_the_compared_gguf(tmp_path: Path, monkeypatch: pyte
     assert engines.hf_copy(default_tokenizer()) == engines.REPO / ".peers/smollm2-hf"
     written: list[tuple[str, Path]] = []
     monkeypatch.setattr("kvstrata.bench.compare.export_hf.export_hf", lambda g, out: written.append((g, out)) or out)
-    vllm = engines._vllm(8400, str(tmp_path / "llama-1b.gguf"))
-    assert vllm[vllm.index("--model") + 1] == str(engines.REPO / ".peers/llama-1b-hf")
+    vllm = engines._vllm(8400, str(tmp_path / "llama-1b.gguf"))  # the command alone writes nothing
+    assert vllm[vllm.index("--model") + 1] == str(engines.REPO / ".peers/llama-1b-hf") and not written
+    assert engines.ENGINES["vllm"].prepare is engines.write_hf_copy
+    engines.write_hf_copy(default_tokenizer())  # the default model's copy comes from `make bench-peers`
+    engines.write_hf_copy(str(tmp_path / "llama-1b.gguf"))
     assert written == [(str(tmp_path / "llama-1b.gguf"), engines.REPO / ".peers/llama-1b-hf")]
