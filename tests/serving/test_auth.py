@@ -13,7 +13,7 @@ from kvstrata.cli import build_parser
 from kvstrata.config import ServerConfig, from_namespace
 from kvstrata.engine.async_engine import AsyncEngine
 from kvstrata.serving.auth import COOKIE, ApiKeys, read_key_file, tenant_extra_key
-from kvstrata.serving.limits import json_depth
+from kvstrata.serving.body_scan import json_depth
 from serving_support import assert_error, make_state, serve
 
 ALICE, BOB = "sk-alice-123", "sk-bob-456"
