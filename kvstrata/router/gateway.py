@@ -27,7 +27,7 @@ from kvstrata.router.policy import Decision, make_policy
 from kvstrata.router.prompt import Prompt, PromptHasher
 from kvstrata.router.metrics import RouterMetrics
 from kvstrata.router.workers import Worker, WorkerPool
-from kvstrata.serving.errors import APIError
+from kvstrata.serving.errors import APIError, quote
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class Gateway:
         n = len(self.pool.workers)
         if type(rank) is not int or not 0 <= rank < n:
             raise APIError(
-                400, f"data_parallel_rank must be an integer in [0, {n}), got {rank!r}", param="data_parallel_rank",
+                400, f"data_parallel_rank must be an integer in [0, {n}), got {quote(rank)}", param="data_parallel_rank",
                 code="invalid_rank",
             )
         return self.pool.workers[rank]

@@ -31,6 +31,7 @@ from kvstrata.config import ConfigError, ServerConfig
 from kvstrata.engine.outputs import RequestOutput
 from kvstrata.engine.sampling_params import InvalidRequestError
 from kvstrata.serving.auth import request_tenant
+from kvstrata.serving.errors import quote
 from kvstrata.serving.metrics import Metrics
 from kvstrata.serving.prepare import check_model
 from kvstrata.serving.response_cache.cache import ResponseCache
@@ -199,7 +200,7 @@ async def _opted_out(request: Request) -> bool:
     body = await request.json()  # parsed once already for validation; Starlette keeps it
     flag = body.get("cache", True) if isinstance(body, dict) else True
     if not isinstance(flag, bool):
-        raise InvalidRequestError(f"cache must be true or false, got {flag!r}", "cache", "invalid_value")
+        raise InvalidRequestError(f"cache must be true or false, got {quote(flag)}", "cache", "invalid_value")
     return not flag
 
 

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from kvstrata.engine.sampling_params import InvalidRequestError
+from kvstrata.serving.errors import quote
 from kvstrata.serving.tool_calls.constraints import check_schema
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function and schema names
@@ -16,7 +17,7 @@ RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
 def _name(value: Any, param: str) -> str:
     if not isinstance(value, str) or not NAME.match(value):
-        raise InvalidRequestError(f"{param} must be 1-64 letters, digits, '_' or '-', got {value!r}", param)
+        raise InvalidRequestError(f"{param} must be 1-64 letters, digits, '_' or '-', got {quote(value)}", param)
     return value
 
 
@@ -28,7 +29,7 @@ def check_tools(tools: list[dict[str, Any]]) -> None:
         fn = tool["function"]
         name = _name(fn["name"], f"tools[{i}].function.name")
         if name in seen:
-            raise InvalidRequestError(f"tools[{i}].function.name {name!r} is given twice", f"tools[{i}].function.name")
+            raise InvalidRequestError(f"tools[{i}].function.name {quote(name)} is given twice", f"tools[{i}].function.name")
         seen.add(name)
         if fn.get("description") is not None and not isinstance(fn["description"], str):
             raise InvalidRequestError(f"tools[{i}].function.description must be a string", f"tools[{i}].function.description")
@@ -51,14 +52,14 @@ def forced_tool(tool_choice: str | dict[str, Any] | None, tools: list[dict[str, 
             raise InvalidRequestError("tool_choice 'required' needs tools", "tool_choice")
         return tools
     if isinstance(tool_choice, str):
-        raise InvalidRequestError(f"tool_choice must be 'none', 'auto', 'required' or a function, got {tool_choice!r}",
+        raise InvalidRequestError(f"tool_choice must be 'none', 'auto', 'required' or a function, got {quote(tool_choice)}",
                                   "tool_choice")
     fn = tool_choice.get("function")
     if tool_choice.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise InvalidRequestError("tool_choice must be {'type': 'function', 'function': {'name': ...}}", "tool_choice")
     named = [t for t in tools or [] if t["function"]["name"] == fn["name"]]
     if not named:
-        raise InvalidRequestError(f"tool_choice names {fn['name']!r}, which is not in tools", "tool_choice.function.name")
+        raise InvalidRequestError(f"tool_choice names {quote(fn['name'])}, which is not in tools", "tool_choice.function.name")
     return named
 
 
@@ -68,7 +69,7 @@ def response_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | 
         return None
     kind = response_format.get("type")
     if kind not in RESPONSE_FORMATS:
-        raise InvalidRequestError(f"response_format.type must be one of {RESPONSE_FORMATS}, got {kind!r}",
+        raise InvalidRequestError(f"response_format.type must be one of {RESPONSE_FORMATS}, got {quote(kind)}",
                                   "response_format.type")
     if kind == "text":
         return None
