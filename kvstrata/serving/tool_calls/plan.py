@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from kvstrata.serving.tool_calls.constraints import json_grammar, tool_call_grammar
 from kvstrata.serving.tool_calls.formats import ToolCallFormat, pick_format, template_renders_tools
 from kvstrata.serving.tool_calls.render import messages_for_template
+from kvstrata.serving.tool_calls.schema_check import SchemaBudget
 from kvstrata.serving.tool_calls.validate import check_history_calls, check_tools, forced_tool, response_schema
 
 if TYPE_CHECKING:
@@ -48,10 +49,11 @@ def plan_tools(req: ChatCompletionRequest, tokenizer: Tokenizer, parser: str) ->
     """Validate the tool fields (400s naming them) and plan the prompt and the constraint."""
     messages = [m.for_template() for m in req.messages]
     check_history_calls(messages)
+    budget = SchemaBudget()  # OpenAI's limits hold over all of the request's schemas
     if req.tools:
-        check_tools(req.tools)
+        check_tools(req.tools, budget)
     forced = forced_tool(req.tool_choice, req.tools)
-    schema = response_schema(req.response_format)
+    schema = response_schema(req.response_format, budget)
     source = _template_source(tokenizer)
     fmt = pick_format(parser, source)
     shown = None if req.tool_choice == "none" else req.tools

@@ -9,19 +9,20 @@ from typing import Any
 from kvstrata.engine.sampling_params import InvalidRequestError
 from kvstrata.serving.errors import quote
 from kvstrata.serving.tool_calls.constraints import check_schema
+from kvstrata.serving.tool_calls.schema_check import SchemaBudget
 
-NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function and schema names
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function and schema names
 MAX_TOOLS = 128
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
 
 def _name(value: Any, param: str) -> str:
-    if not isinstance(value, str) or not NAME.match(value):
+    if not isinstance(value, str) or not NAME.fullmatch(value):  # match's `$` would pass a trailing newline
         raise InvalidRequestError(f"{param} must be 1-64 letters, digits, '_' or '-', got {quote(value)}", param)
     return value
 
 
-def check_tools(tools: list[dict[str, Any]]) -> None:
+def check_tools(tools: list[dict[str, Any]], budget: SchemaBudget) -> None:
     if len(tools) > MAX_TOOLS:
         raise InvalidRequestError(f"at most {MAX_TOOLS} tools are allowed, got {len(tools)}", "tools")
     seen: set[str] = set()
@@ -38,7 +39,7 @@ def check_tools(tools: list[dict[str, Any]]) -> None:
         params = fn.get("parameters")
         if params is not None:
             param = f"tools[{i}].function.parameters"
-            check_schema(params, param)
+            check_schema(params, param, budget)
             if params.get("type", "object") != "object":
                 raise InvalidRequestError(f"{param} must describe an object (type 'object')", param)
 
@@ -63,8 +64,9 @@ def forced_tool(tool_choice: str | dict[str, Any] | None, tools: list[dict[str, 
     return named
 
 
-def response_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The JSON schema the reply must follow; None for plain text."""
+def response_schema(response_format: dict[str, Any] | None, budget: SchemaBudget | None = None) -> dict[str, Any] | None:
+    """The JSON schema the reply must follow; None for plain text. With `budget`, the schema is
+    checked too (without, it was checked when the request was planned)."""
     if response_format is None:
         return None
     kind = response_format.get("type")
@@ -84,7 +86,8 @@ def response_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | 
         raise InvalidRequestError("response_format.json_schema.strict must be a boolean",
                                   "response_format.json_schema.strict")
     schema = spec.get("schema", {"type": "object"})
-    check_schema(schema, "response_format.json_schema.schema")
+    if budget is not None:
+        check_schema(schema, "response_format.json_schema.schema", budget)
     return schema
 
 
