@@ -33,6 +33,7 @@ from kvstrata.serving.responses.request import ResponsesRequest, chat_body
 from kvstrata.serving.responses.store import ResponseStore
 from kvstrata.serving.responses.stream import response_events
 from kvstrata.serving.streaming import UsageTracker, fan_out, merge_choices, raise_if_failed
+from kvstrata.serving.tool_calls.output import finish_reason
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -98,11 +99,10 @@ def install_responses_route(app: FastAPI, state: ServerState, store: ResponseSto
             text, reason = await until_disconnect(request, _collect(outputs, usage))
         except ClientDisconnected:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
-        content, calls = split_reply(prepared.tool_format, text)
+        content, calls, complete = split_reply(prepared.tool_format, text)
         items = output_items(content, calls)
         keep(items)
-        if calls:
-            reason = "tool_calls"
+        reason = finish_reason(complete, reason)
         return JSONResponse(header.body("completed", items, responses_usage(usage.body()), reason), headers=headers)
 
     return store
