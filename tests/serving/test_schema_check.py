@@ -38,6 +38,8 @@ REFUSED = {
 ACCEPTED = {
     "a tree with optional children": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}},
     "an anyOf with a way out": {"anyOf": [{"$ref": "#"}, {"type": "integer"}]},
+    "closed objects": {"type": "object", "properties": {"a": {"type": "array", "items": False}},
+                       "additionalProperties": False},
     "an unused looping definition": {"type": "object", "$defs": {"x": {"$ref": "#/$defs/x"}}},
     f"{MAX_PROPERTIES} properties": props(MAX_PROPERTIES),
     f"{MAX_NESTING} levels": nested(MAX_NESTING),

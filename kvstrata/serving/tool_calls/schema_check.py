@@ -109,7 +109,7 @@ def _check_productive(nodes: list[Node], param: str) -> None:
                 if needs[owner[g]] == 0 and owner[g] not in never:
                     ready.append(owner[g])
     for i in _reachable(nodes, ids):
-        if not done[i]:
+        if not done[i] and nodes[i].schema is not False:  # `false` only forbids (additionalProperties: false)
             where = quote(nodes[i].pointer or "#")
             raise InvalidRequestError(f"{param} has no finite value at {where}: its $ref (or what it requires) "
                                       "loops back with no way out; give the recursion an optional branch", param)
