@@ -1,7 +1,8 @@
 """Gateway: one OpenAI endpoint in front of N engine ranks; picks a rank per request and streams through.
 
-    POST /v1/chat/completions, /v1/completions
-      parse JSON ─▶ data_parallel_rank? pin : policy.choose(loads, cached match per rank)
+    POST /v1/chat/completions, /v1/completions, /v1/responses
+      parse JSON ─▶ data_parallel_rank? pin : previous_response_id's rank? pin
+                  : policy.choose(loads, cached match per rank, hashed with the key's tenant)
       ─▶ send upstream ─▶ first chunk ─▶ StreamingResponse(first + the rest, as they come)
 
 Nothing is buffered: chunks go out as the rank sends them. A rank that refuses the connection,
@@ -26,8 +27,10 @@ from kvstrata.router.key_affinity import KeyAffinity, affinity_key
 from kvstrata.router.policy import Decision, make_policy
 from kvstrata.router.prompt import Prompt, PromptHasher
 from kvstrata.router.metrics import RouterMetrics
+from kvstrata.router.response_ranks import ResponseRanks
 from kvstrata.router.workers import Worker, WorkerPool
 from kvstrata.serving.errors import APIError, quote
+from kvstrata.serving.responses.route import RESPONSE_ID_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +47,7 @@ class Gateway:
         self.pool = WorkerPool(urls, self.rank_headers)
         self.policy = make_policy(cfg)
         self.affinity = KeyAffinity(cfg)  # prompt_cache_key -> rank (key_affinity.py)
+        self.response_ranks = ResponseRanks()  # (tenant, response id) -> the rank that stored it
         self.metrics = RouterMetrics()
         self.hasher: PromptHasher | None = None  # loaded once a rank says which model it serves
         self._hasher_failed = False
@@ -85,7 +89,8 @@ class Gateway:
         model = self.cfg.router_tokenizer or info["model"]
         root = bytes.fromhex(info["hash_root"])
         try:
-            self.hasher = await asyncio.to_thread(PromptHasher.load, model, int(info["page_size"]), root)
+            self.hasher = await asyncio.to_thread(PromptHasher.load, model, int(info["page_size"]), root,
+                                                  str(info.get("tool_call_parser") or "auto"))
         except (OSError, ValueError) as exc:
             logger.error("router_tokenizer_failed model=%s error=%s; routing by load only", model, exc)
             self._hasher_failed = True
@@ -109,10 +114,20 @@ class Gateway:
             )
         return self.pool.workers[rank]
 
+    def chained(self, path: str, body: dict[str, Any], tenant: str | None) -> Worker | None:
+        """The ready rank that stored this /v1/responses request's previous response, if known."""
+        if not path.endswith("/responses"):
+            return None
+        rank = self.response_ranks.rank_of(tenant, body.get("previous_response_id"))
+        worker = self.pool.workers[rank] if rank is not None and rank < len(self.pool.workers) else None
+        return worker if worker is not None and worker.ready else None
+
     def choose(
-        self, path: str, body: dict[str, Any], ready: list[Worker], headers: dict[str, str] | None = None
+        self, path: str, body: dict[str, Any], ready: list[Worker], headers: dict[str, str] | None = None,
+        tenant: str | None = None,
     ) -> tuple[Worker, Decision, Prompt | None]:
-        prompt = self.hasher.prompt(path, body) if self.hasher is not None and self.policy.needs_match else None
+        needs = self.hasher is not None and self.policy.needs_match
+        prompt = self.hasher.prompt(path, body, tenant) if needs else None  # type: ignore[union-attr]
         ps = self.hasher.page_size if self.hasher is not None else 0
         loads = [w.load(w.index.match_pages(prompt.hashes) * ps if prompt else 0) for w in ready]
         decision = self.policy.choose(loads, prompt.num_tokens if prompt else 0)
@@ -127,7 +142,10 @@ class Gateway:
 
     # -- proxying --------------------------------------------------------------------------------
 
-    async def proxy(self, path: str, raw: bytes, headers: dict[str, str], started: float) -> Response:
+    async def proxy(
+        self, path: str, raw: bytes, headers: dict[str, str], started: float, tenant: str | None = None
+    ) -> Response:
+        """`tenant`: the API key's (auth.request_tenant), which the ranks mix into their page hashes."""
         try:
             body = json.loads(raw)
         except ValueError:
@@ -146,8 +164,10 @@ class Gateway:
         elif not ready:
             raise APIError(503, "no engine rank is ready; retry when GET /health returns 200", "server_error",
                            code="no_rank_ready")
+        elif (chained := self.chained(path, body, tenant)) is not None:
+            worker, decision, prompt = chained, Decision(chained.rank, "previous_response"), None
         else:
-            worker, decision, prompt = self.choose(path, body, ready, headers)
+            worker, decision, prompt = self.choose(path, body, ready, headers, tenant)
         cost = (prompt.num_tokens if prompt else len(raw) // 4) + _max_tokens(body)
         send = {k: v for k, v in headers.items() if k in SEND_HEADERS}
         tried: set[int] = set()
@@ -195,6 +215,8 @@ class Gateway:
         self.metrics.routed(worker.rank, policy, ratio, overhead)
         if prompt is not None:
             worker.index.add_routed(prompt.hashes)  # approximate mode only
+        if (response_id := upstream.headers.get(RESPONSE_ID_HEADER)) is not None:
+            self.response_ranks.remember(tenant, response_id, worker.rank)
         logger.debug("router_route rank=%d reason=%s ratio=%s tries=%d", worker.rank, decision.reason, ratio, len(tried))
         out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in DROP_HEADERS}
         out_headers["x-kvstrata-rank"] = str(worker.rank)
