@@ -13,10 +13,11 @@ upstream ends the client's stream. `Gateway.start()` probes the ranks and keeps 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import time
-from typing import Any, AsyncIterator
+from typing import Any
 
 import httpx
 from fastapi.responses import Response, StreamingResponse
@@ -27,6 +28,7 @@ from kvstrata.router.key_affinity import KeyAffinity, affinity_key
 from kvstrata.router.policy import Decision, make_policy
 from kvstrata.router.prompt import Prompt, PromptHasher
 from kvstrata.router.metrics import RouterMetrics
+from kvstrata.router.passthrough import Release, finish, passthrough
 from kvstrata.router.response_ranks import ResponseRanks
 from kvstrata.router.workers import Worker, WorkerPool
 from kvstrata.serving.errors import APIError, quote
@@ -37,6 +39,7 @@ logger = logging.getLogger(__name__)
 RETRY_STATUSES = (502, 503, 504)
 DROP_HEADERS = ("content-length", "transfer-encoding", "connection", "keep-alive", "date", "server")
 SEND_HEADERS = ("content-type", "authorization", "accept", "x-request-id")
+INLINE_PARSE_BYTES = 64 * 1024  # larger bodies are parsed in the hashing thread
 
 
 class Gateway:
@@ -52,6 +55,7 @@ class Gateway:
         self.hasher: PromptHasher | None = None  # loaded once a rank says which model it serves
         self._hasher_failed = False
         self._client: httpx.AsyncClient | None = None
+        self._hashing = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvstrata-router-hash")
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -69,6 +73,7 @@ class Gateway:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.pool.close()
+        self._hashing.shutdown(wait=False)
         if self._client is not None:
             await self._client.aclose()
 
@@ -122,19 +127,24 @@ class Gateway:
         worker = self.pool.workers[rank] if rank is not None and rank < len(self.pool.workers) else None
         return worker if worker is not None and worker.ready else None
 
+    async def hash_prompt(self, path: str, body: dict[str, Any], tenant: str | None) -> Prompt | None:
+        """The prompt's size and page hashes when the policy matches caches. Rendering and tokenizing
+        are CPU work: they run in the gateway's hashing thread (one, so the hasher's memo needs no
+        lock), never on the event loop that carries every stream."""
+        if self.hasher is None or not self.policy.needs_match:
+            return None
+        return await asyncio.get_running_loop().run_in_executor(self._hashing, self.hasher.prompt, path, body, tenant)
+
     def choose(
-        self, path: str, body: dict[str, Any], ready: list[Worker], headers: dict[str, str] | None = None,
-        tenant: str | None = None,
-    ) -> tuple[Worker, Decision, Prompt | None]:
-        needs = self.hasher is not None and self.policy.needs_match
-        prompt = self.hasher.prompt(path, body, tenant) if needs else None  # type: ignore[union-attr]
+        self, body: dict[str, Any], ready: list[Worker], prompt: Prompt | None, headers: dict[str, str] | None = None,
+    ) -> tuple[Worker, Decision]:
         ps = self.hasher.page_size if self.hasher is not None else 0
         loads = [w.load(w.index.match_pages(prompt.hashes) * ps if prompt else 0) for w in ready]
         decision = self.policy.choose(loads, prompt.num_tokens if prompt else 0)
         key = affinity_key(body, headers or {})
         if key is not None:  # the same prompt_cache_key sticks to one rank while it is not overloaded
             decision = self.affinity.route(key, loads, decision, prompt.num_tokens if prompt else 0)
-        return next(w for w in ready if w.rank == decision.rank), decision, prompt
+        return next(w for w in ready if w.rank == decision.rank), decision
 
     def fallbacks(self, tried: set[int]) -> list[Worker]:
         rest = [w for w in self.pool.ready() if w.rank not in tried]
@@ -146,10 +156,8 @@ class Gateway:
         self, path: str, raw: bytes, headers: dict[str, str], started: float, tenant: str | None = None
     ) -> Response:
         """`tenant`: the API key's (auth.request_tenant), which the ranks mix into their page hashes."""
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            body = None
+        loop = asyncio.get_running_loop()
+        body = _parse(raw) if len(raw) <= INLINE_PARSE_BYTES else await loop.run_in_executor(self._hashing, _parse, raw)
         if not isinstance(body, dict):
             raise APIError(400, "the request body is not a JSON object; send one", code="invalid_json")
         pin = self.pinned(body)
@@ -167,7 +175,12 @@ class Gateway:
         elif (chained := self.chained(path, body, tenant)) is not None:
             worker, decision, prompt = chained, Decision(chained.rank, "previous_response"), None
         else:
-            worker, decision, prompt = self.choose(path, body, ready, headers, tenant)
+            prompt = await self.hash_prompt(path, body, tenant)
+            ready = [w for w in ready if w.ready] or self.pool.ready()  # ranks may have gone while it hashed
+            if not ready:
+                raise APIError(503, "no engine rank is ready; retry when GET /health returns 200", "server_error",
+                               code="no_rank_ready")
+            worker, decision = self.choose(body, ready, prompt, headers)
         cost = (prompt.num_tokens if prompt else len(raw) // 4) + _max_tokens(body)
         send = {k: v for k, v in headers.items() if k in SEND_HEADERS}
         tried: set[int] = set()
@@ -176,7 +189,7 @@ class Gateway:
             tried.add(worker.rank)
             worker.requests += 1
             worker.tokens += cost
-            done = _Release(worker, cost)
+            done = Release(worker, cost)
             try:
                 upstream = await self.client.send(
                     self.client.build_request("POST", worker.url + path, content=raw, headers=send), stream=True
@@ -221,8 +234,8 @@ class Gateway:
         out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in DROP_HEADERS}
         out_headers["x-kvstrata-rank"] = str(worker.rank)
         return StreamingResponse(
-            _passthrough(first, chunks, upstream, done), status_code=upstream.status_code, headers=out_headers,
-            background=BackgroundTask(_finish, upstream, done),  # also when the stream never started
+            passthrough(first, chunks, upstream, done), status_code=upstream.status_code, headers=out_headers,
+            background=BackgroundTask(finish, upstream, done),  # also when the stream never started
         )
 
     async def get_json(self, path: str, headers: dict[str, str]) -> Response:
@@ -252,37 +265,11 @@ class Gateway:
         return {w.rank: r for w, r in zip(ready, results)}
 
 
-class _Release:
-    """Undo a request's in-flight load on its rank, exactly once (stream end, error or disconnect)."""
-
-    def __init__(self, worker: Worker, cost: int) -> None:
-        self.worker, self.cost, self.done = worker, cost, False
-
-    def __call__(self) -> None:
-        if not self.done:
-            self.done = True
-            self.worker.requests -= 1
-            self.worker.tokens -= self.cost
-
-
-async def _passthrough(
-    first: bytes, chunks: AsyncIterator[bytes], upstream: httpx.Response, release: _Release
-) -> AsyncIterator[bytes]:
+def _parse(raw: bytes) -> Any:
     try:
-        if first:
-            yield first
-        async for chunk in chunks:
-            yield chunk
-    except httpx.HTTPError as exc:
-        logger.warning("router_stream_broken rank=%d error=%s", release.worker.rank, type(exc).__name__)
-    finally:
-        release()
-        await upstream.aclose()
-
-
-async def _finish(upstream: httpx.Response, release: _Release) -> None:
-    release()
-    await upstream.aclose()
+        return json.loads(raw)
+    except ValueError:
+        return None
 
 
 def _max_tokens(body: dict[str, Any]) -> int:

@@ -19,6 +19,7 @@ of its API keys, or the one anonymous tenant when keys are off).
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
@@ -139,7 +140,8 @@ class ResponseCacheService:
             return BYPASS
         check_model(getattr(req, "model", None), engine)  # a hit must refuse what a miss refuses
         cache = self._bound(engine)
-        key = request_key(route, req, self._namespace, request_tenant(request))
+        # a canonical dump and hash of the whole body: CPU work, kept off the event loop
+        key = await asyncio.to_thread(request_key, route, req, self._namespace, request_tenant(request))
         deterministic, seed = is_deterministic(req), getattr(req, "seed", None)
         while True:
             value = cache.get(key, seed)
