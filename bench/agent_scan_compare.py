@@ -1,4 +1,4 @@
-"""README "Agent sessions" table: agent hit efficiency under a scan, per eviction policy and hints.
+"""docs/kv-tiers.md "Scan resistance", the live table: agent hit efficiency under a scan, per eviction policy and hints.
 
 For each configuration, in turn (interleaved in one run, the same machine), start
 `kvstrata serve --dtype float32 --max-total-tokens 2048 --kvstore-ratio 1 --eviction-policy P` on a
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvstrata.bench.tiers_ttft import server  # the same `kvstrata serve` on a free port, stopped by SIGTERM
+from kvstrata.bench.kv.tiers_ttft import server  # the same `kvstrata serve` on a free port, stopped by SIGTERM
 
 SERVE = ["--dtype", "float32", "--max-total-tokens", "2048", "--kvstore-ratio", "1"]
 AGENTIC = ["--sessions", "3", "--agents", "1", "--system-tokens", "800", "--concurrency", "3"]

@@ -41,7 +41,7 @@ with torch.inference_mode():
         want.append(ids[0, len(p):].tolist())
 for dtype in ("float32", "bfloat16"):
     llm = LLM(out, device="cuda", dtype=dtype, max_total_tokens=8192)
-    print(dtype, "uses_int4", llm.engine.model.uses_int4)
+    print(dtype, "uses_quant", llm.engine.model.uses_quant)
     t = time.time(); together = [o.token_ids for o in llm.generate(prompts, G)]; dt = time.time() - t
     alone = [llm.generate([p], G)[0].token_ids for p in prompts]
     again = [o.token_ids for o in llm.generate(prompts, G)]  # now from the prefix cache

@@ -1,4 +1,4 @@
-"""Offline comparison of eviction policies on agent sessions under a scan (README "Agent sessions").
+"""Offline comparison of eviction policies on agent sessions under a scan (docs/kv-tiers.md, "Scan resistance").
 
 Runs the real KVCacheManager, RadixPrefixCache, HostTier and KVTiers on a tiny page pool (no model:
 a request's KV is never computed, only its pages move), one request at a time, on token-level

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from store_servers import mooncake_master, redis_server  # noqa: E402
-from kvstrata.bench.tiers_ttft import server, ttft  # noqa: E402
+from kvstrata.bench.kv.tiers_ttft import server, ttft  # noqa: E402
 
 
 def metric(url: str, name: str) -> float:

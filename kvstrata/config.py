@@ -62,10 +62,18 @@ class ModelConfig:
     )
     q4_decode: str = opt(
         "auto",
-        "run decode steps (<= 8 rows) on a GGUF's own Q4_0/Q4_1 weights instead of the dense copy (~2x "
-        "decode tokens/s; our kernel on AVX512-VNNI/AVX2 CPUs, else torch's CPU int4 kernel); auto = on "
-        "with --dtype auto or bfloat16 on CPU, off for an explicit float32 (kept token-identical to transformers)",
+        "run decode steps (<= 8 rows) on a GGUF's own quantized blocks (Q4_0/1, Q5_0/1, Q8_0, Q4_K, Q5_K, Q6_K; "
+        "our integer-dot kernels on AVX512-VNNI/AVX2 CPUs, else torch's int4 kernel for Q4_0/Q4_1) instead of "
+        "dense weights; auto = on with --dtype auto or bfloat16 on CPU, off for an explicit float32 (kept "
+        "token-identical to transformers)",
         choices=["auto", "on", "off"],
+    )
+    prefill_weights: str = opt(
+        "auto",
+        "what wide (prefill) steps of a quantized GGUF multiply by: dense = dense copies of its linears "
+        "(2-4 bytes a weight), dequant = each linear dequantized just before its GEMM (memory about the file's "
+        "size); auto = dense up to 1 GiB of dense weights, else dequant",
+        choices=["auto", "dense", "dequant"],
     )
     seed: int = opt(0, "global seed for requests that give none")
     malloc_tuning: str = opt(
@@ -115,7 +123,7 @@ class CacheConfig:
     kvstore_size: float = opt(0.0, "L2 host memory in GB; overrides --kvstore-ratio when > 0", min=0.0)
     eviction_policy: str = opt(
         "slru", "L1/L2 eviction order: slru (segmented LRU) keeps reused pages and session continuations "
-        "past one-off prompts (scan resistance, see README); lru is recency only", choices=["slru", "lru"],
+        "past one-off prompts (scan resistance, see docs/kv-tiers.md); lru is recency only", choices=["slru", "lru"],
     )
     prompt_cache_retention_quota: float = opt(
         0.5, "share of L2 that prompt_cache_retention \"24h\" pages may hold safe from other traffic",

@@ -1,5 +1,5 @@
 """The import graph, read from the source (every import, lazy and TYPE_CHECKING ones included): no
-module imports itself through others, and a package imports only from those before it in README's list."""
+module imports itself through others, and a package imports only from those before it in docs/architecture.md's list."""
 from __future__ import annotations
 
 import ast
@@ -8,7 +8,7 @@ from pathlib import Path
 import kvstrata
 
 ROOT = Path(kvstrata.__file__).parent
-ORDER = ["config", "process_tree", "model", "kv", "engine", "serving", "router", "bench", "analyze"]  # README, Architecture
+ORDER = ["config", "process_tree", "model", "kv", "engine", "serving", "router", "bench", "analyze"]  # docs/architecture.md
 TOP = {"__init__", "cli"}  # the package's front door and the main CLI may import anything
 
 

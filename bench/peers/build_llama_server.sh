@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build llama.cpp's `llama-server` from the tree vendored in the llama-cpp-python sdist
-# (../shared/PEERS.md) into .peers/llama.cpp/bin/ (about 7 minutes on 2 cores). Idempotent.
+# Build llama.cpp's `llama-server` (and `llama-quantize`, for `kvstrata bench synth-model`) from the tree
+# vendored in the llama-cpp-python sdist (docs/peers.md) into .peers/llama.cpp/bin/ (about 8 minutes on 2
+# cores). Idempotent.
 # Usage: bench/peers/build_llama_server.sh [PIP]   (PIP: a pip to download the sdist with)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -12,7 +13,7 @@ OUT=.peers/llama.cpp
 FLAGS="-DGGML_NATIVE=ON"
 BUILD=build
 if [ "$(echo "${KVSTRATA_CPU_ISA:-}" | tr -d ' ' | tr A-Z a-z)" = avx2 ]; then
-  # the README's AVX2 cap: an AVX2-only binary beside the native one, for the peer under that cap
+  # the AVX2 cap (docs/cpu-kernels.md): an AVX2-only binary beside the native one, for the peer under that cap
   OUT=.peers/llama.cpp-avx2 BUILD=build-avx2
   FLAGS="-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
   FLAGS="$FLAGS -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF"
@@ -26,8 +27,8 @@ elif grep -qw amx_tile /proc/cpuinfo; then
   echo "cpuid lists AMX: building without llama.cpp's AMX kernels: $FLAGS"
 fi
 # a binary built with other flags (another CPU) is rebuilt
-[ -x "$OUT/bin/llama-server" ] && [ "$(cat "$OUT/cmake-flags" 2>/dev/null)" = "$FLAGS" ] && \
-  { echo "$OUT/bin/llama-server exists"; exit 0; }
+[ -x "$OUT/bin/llama-server" ] && [ -x "$OUT/bin/llama-quantize" ] && [ "$(cat "$OUT/cmake-flags" 2>/dev/null)" = "$FLAGS" ] && \
+  { echo "$OUT/bin/llama-server and llama-quantize exist"; exit 0; }
 PIP=${1:-.venv/bin/pip}
 SRC=.peers/src
 mkdir -p "$SRC" "$OUT/bin"
@@ -39,7 +40,7 @@ TREE=$(ls -d "$SRC"/llama_cpp_python-*/vendor/llama.cpp | tail -1)
 cmake -S "$TREE" -B "$SRC/$BUILD" -DCMAKE_BUILD_TYPE=Release $FLAGS -DBUILD_SHARED_LIBS=OFF \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-cmake --build "$SRC/$BUILD" --target llama-server -j "${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
-cp "$SRC/$BUILD/bin/llama-server" "$OUT/bin/"
+cmake --build "$SRC/$BUILD" --target llama-server llama-quantize -j "${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
+cp "$SRC/$BUILD/bin/llama-server" "$SRC/$BUILD/bin/llama-quantize" "$OUT/bin/"
 echo "$FLAGS" > "$OUT/cmake-flags"
 echo "built $OUT/bin/llama-server"

@@ -9,7 +9,7 @@ import argparse
 import os
 from pathlib import Path
 
-from kvstrata.bench.scan import add_scan_args
+from kvstrata.bench.agentic.scan import add_scan_args
 
 DEFAULT_TOKENIZER_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -26,9 +26,9 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--url", default="http://127.0.0.1:8000",
                        help="base URL of any OpenAI-compatible server (default: %(default)s)")
     group.add_argument("--model", default="smollm2", help="model id sent in requests (default: %(default)s)")
-    group.add_argument("--tokenizer", default=default_tokenizer(),
-                       help="the served model's tokenizer for token accounting: a .gguf file or a "
-                            "Hugging Face folder (default: %(default)s)")
+    group.add_argument("--tokenizer", "--model-file", dest="tokenizer", default=default_tokenizer(),
+                       help="the served model's tokenizer for token accounting: a .gguf file or a Hugging Face "
+                            "folder; for `bench compare` the GGUF every engine serves (default: %(default)s)")
     group.add_argument("--max-tokens", type=int, default=32, help="max_tokens per request (default: %(default)s)")
     group.add_argument("--concurrency", type=int, default=4,
                        help="most requests in flight (default: %(default)s)")
@@ -59,5 +59,5 @@ def add_agentic_workload_args(parser: argparse.ArgumentParser) -> argparse._Argu
                        help="distinct system prompts; session s uses agent s %% agents (default: %(default)s)")
     group.add_argument("--turn-tokens", type=int, default=100,
                        help="tokens per user message or tool result, 20-200 (default: %(default)s)")
-    add_scan_args(group)  # --scan-prompts, --scan-tokens, --think-time, --cache-hints (scan.py)
+    add_scan_args(group)  # --scan-prompts, --scan-tokens, --think-time, --cache-hints (agentic/scan.py)
     return group

@@ -31,15 +31,18 @@ def add_bf16_drift_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--q4-decode", default="auto", choices=["auto", "on", "off"])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "auto"],
                         help="the engine measured against exact float32 (auto: this CPU's --dtype auto plan)")
+    parser.add_argument("--model", default="smollm2",
+                        help="a GGUF (or model name): float32 on its dequantized weights is the reference")
+    parser.add_argument("--prefill-weights", default="auto", choices=["auto", "dense", "dequant"])
 
 
 def run_bf16_drift(ns: argparse.Namespace) -> int:
     from kvstrata import LLM, SamplingParams  # here, not at the top: `kvstrata --help` imports this module
 
     if ns.conversations:
-        multiturn(ns.conversations, ns.tokens, ns.q4_decode, ns.dtype)
+        multiturn(ns.conversations, ns.tokens, ns.q4_decode, ns.dtype, ns.model)
     greedy = SamplingParams(max_tokens=ns.tokens, temperature=0.0)
-    fp32 = LLM("smollm2", dtype="float32", enable_prefix_caching=False)
+    fp32 = LLM(ns.model, dtype="float32", enable_prefix_caching=False, q4_decode="off")
     tok = fp32.tokenizer
     rng = random.Random(0)
     system = "You are a helpful assistant. " * 8  # a shared prefix the cache will serve
@@ -48,16 +51,18 @@ def run_bf16_drift(ns: argparse.Namespace) -> int:
         for t in rng.sample(TOPICS, min(ns.prompts, len(TOPICS)))]
     ref = [fp32.generate([p], greedy)[0].token_ids for p in prompts]
     del fp32
-    off = LLM("smollm2", dtype=ns.dtype, enable_prefix_caching=False, q4_decode=ns.q4_decode)
+    off = LLM(ns.model, dtype=ns.dtype, enable_prefix_caching=False, q4_decode=ns.q4_decode,
+              prefill_weights=ns.prefill_weights)
     bf_off = [off.generate([p], greedy)[0].token_ids for p in prompts]
     del off
-    on = LLM("smollm2", dtype=ns.dtype, q4_decode=ns.q4_decode)
+    on = LLM(ns.model, dtype=ns.dtype, q4_decode=ns.q4_decode, prefill_weights=ns.prefill_weights)
     bf_on = [on.generate([p], greedy)[0] for p in prompts]  # prompt 2.. hit the shared system prompt
     hits = sum(1 for o in bf_on if o.cached_tokens > 0)
     d32 = [first_diff(a, b) for a, b in zip(ref, bf_off)]
     dcache = [first_diff(a.token_ids, b) for a, b in zip(bf_on, bf_off)]
     n = len(prompts)
-    print(f"prompts={n} tokens={ns.tokens} dtype={ns.dtype} q4_decode={ns.q4_decode}")
+    print(f"model={ns.model} prompts={n} tokens={ns.tokens} dtype={ns.dtype} q4_decode={ns.q4_decode} "
+          f"prefill_weights={ns.prefill_weights}")
     print(f"{ns.dtype} (cache off) identical to float32: {d32.count(None)}/{n}; "
           f"first divergence at tokens {sorted(d for d in d32 if d is not None)}")
     print(f"{ns.dtype} cache on identical to cache off: {dcache.count(None)}/{n} ({hits} served a cached prefix); "
@@ -65,14 +70,14 @@ def run_bf16_drift(ns: argparse.Namespace) -> int:
     return 0
 
 
-def multiturn(conversations: int, tokens: int, q4_decode: str, dtype: str = "bfloat16") -> None:
+def multiturn(conversations: int, tokens: int, q4_decode: str, dtype: str = "bfloat16", model: str = "smollm2") -> None:
     from kvstrata import LLM, SamplingParams
 
     greedy = SamplingParams(max_tokens=tokens, temperature=0.0)
     topics = random.Random(1).sample(TOPICS, min(conversations, len(TOPICS)))
     runs: list[list[list[int]]] = []
     for caching in (False, True):
-        llm = LLM("smollm2", dtype=dtype, enable_prefix_caching=caching, q4_decode=q4_decode)
+        llm = LLM(model, dtype=dtype, enable_prefix_caching=caching, q4_decode=q4_decode)
         outs: list[list[int]] = []
         for topic in topics:
             chat = [{"role": "system", "content": "You are a helpful assistant."}]

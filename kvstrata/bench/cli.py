@@ -1,10 +1,9 @@
 """`kvstrata bench <command>`: every benchmark, registered from one table.
 
-Every benchmark lives in kvstrata/bench/ as a subcommand; the repo's bench/ folder holds only results
-and the peers' launch scripts. The main CLI calls `add_bench_parser(subparsers)`, which sets
-`func=run_bench` on `bench`. To add one (a workload, a probe, ...) give it a flag adder and a
-`run(args) -> int` in its own module and add one `BenchCommand` row to `BENCH_COMMANDS`. The run function is named as
-"module:function" and imported only when its command runs, so `kvstrata --help` stays fast.
+The main CLI calls `add_bench_parser(subparsers)`, which sets `func=run_bench` on `bench`. To add a
+benchmark (a workload, a probe, ...) give it a flag adder and a `run(args) -> int` in its family's
+package (or a module of its own) and add one `BenchCommand` row to `BENCH_COMMANDS`. The run function
+is named as "module:function" and imported only when its command runs, so `kvstrata --help` stays fast.
 """
 from __future__ import annotations
 
@@ -14,15 +13,16 @@ from typing import Callable, NamedTuple
 
 from kvstrata.bench.args import add_agentic_workload_args, add_client_arguments
 from kvstrata.bench.bf16_drift import add_bf16_drift_args
-from kvstrata.bench.compare import add_compare_args
-from kvstrata.bench.locust_compare import add_locust_args
-from kvstrata.bench.multiround import add_multiround_args
-from kvstrata.bench.radix_bookkeeping import add_radix_bookkeeping_args
-from kvstrata.bench.repeat import add_repeat_args
+from kvstrata.bench.compare.command import add_compare_args
+from kvstrata.bench.kv.radix_bookkeeping import add_radix_bookkeeping_args
+from kvstrata.bench.kv.tiers_ttft import add_tiers_ttft_args
+from kvstrata.bench.multiround.command import add_multiround_args
+from kvstrata.bench.response_cache.locust_compare import add_locust_args
+from kvstrata.bench.response_cache.repeat import add_repeat_args
 from kvstrata.bench.soak import add_soak_args
-from kvstrata.bench.throughput import add_throughput_args
-from kvstrata.bench.tiers_ttft import add_tiers_ttft_args
-from kvstrata.bench.trace_cli import add_trace_args
+from kvstrata.bench.synth.command import add_synth_model_args
+from kvstrata.bench.throughput.offline import add_throughput_args
+from kvstrata.bench.trace.command import add_trace_args
 
 
 class BenchCommand(NamedTuple):
@@ -41,29 +41,32 @@ def _add_agentic(parser: argparse.ArgumentParser) -> None:
 
 BENCH_COMMANDS: tuple[BenchCommand, ...] = (
     BenchCommand("agentic", "interleaved multi-turn agent sessions with tool schemas", _add_agentic,
-                 "kvstrata.bench.agentic:main"),
+                 "kvstrata.bench.agentic.driver:main"),
     BenchCommand("multiround", "LMCache's multi-round QA: users with a shared system prompt and their own history",
-                 add_multiround_args, "kvstrata.bench.multiround:run_multiround"),
+                 add_multiround_args, "kvstrata.bench.multiround.command:run_multiround"),
     BenchCommand("throughput", "offline cold prefill and decode tokens/s, kvstrata beside transformers",
-                 add_throughput_args, "kvstrata.bench.throughput:run_throughput"),
+                 add_throughput_args, "kvstrata.bench.throughput.offline:run_throughput"),
     BenchCommand("repeat", "repeated requests (hot pool + unique) for the response cache, mean/p50/p99 latency",
-                 add_repeat_args, "kvstrata.bench.repeat:run_repeat"),
+                 add_repeat_args, "kvstrata.bench.response_cache.repeat:run_repeat"),
     BenchCommand("soak", "production-shaped load for N minutes; fails on any error or RSS growth after warm-up",
                  add_soak_args, "kvstrata.bench.soak:run_soak"),
     BenchCommand("compare", "start each engine in turn (kvstrata, vllm, llamacpp), same workload and client, "
                  "then a throughput probe; JSON, Markdown table and PNG plots",
-                 add_compare_args, "kvstrata.bench.compare:run_compare"),
+                 add_compare_args, "kvstrata.bench.compare.command:run_compare"),
     BenchCommand("tiers-ttft", "TTFT of a 2k-token prompt whose prefix comes from each tier (computed, L1, L2, "
                  "L3 file after a restart, L3 redis); starts its own servers", add_tiers_ttft_args,
-                 "kvstrata.bench.tiers_ttft:run_tiers_ttft"),
+                 "kvstrata.bench.kv.tiers_ttft:run_tiers_ttft"),
     BenchCommand("locust", "EnergonAI's Locust test, response cache off then on (needs `pip install locust`; "
-                 "`make bench-locust`)", add_locust_args, "kvstrata.bench.locust_compare:run_locust"),
+                 "`make bench-locust`)", add_locust_args, "kvstrata.bench.response_cache.locust_compare:run_locust"),
     BenchCommand("bf16-drift", "offline: how often bf16 greedy output differs from float32, and cache on from off",
                  add_bf16_drift_args, "kvstrata.bench.bf16_drift:run_bf16_drift"),
     BenchCommand("radix-bookkeeping", "in-process: prefix-cache match/lock/hash/evict/insert time per request",
-                 add_radix_bookkeeping_args, "kvstrata.bench.radix_bookkeeping:run_radix_bookkeeping"),
+                 add_radix_bookkeeping_args, "kvstrata.bench.kv.radix_bookkeeping:run_radix_bookkeeping"),
+    BenchCommand("synth-model", "write a random-weight GGUF of a real shape (Llama 3.2 1B/3B, Llama 3.1 8B, "
+                 "Qwen2.5 7B) in a file type llama-quantize makes (Q4_K_M, Q8_0, ...)", add_synth_model_args,
+                 "kvstrata.bench.synth.command:run_synth_model"),
     BenchCommand("trace", "replay a Mooncake FAST'25 trace (hash-id blocks as token ids) live, or --simulate "
-                 "the L1/L2/L3 cache over it at given capacities", add_trace_args, "kvstrata.bench.trace_cli:run_trace"),
+                 "the L1/L2/L3 cache over it at given capacities", add_trace_args, "kvstrata.bench.trace.command:run_trace"),
 )
 
 

@@ -1,6 +1,6 @@
 """What every bench plot module shares: matplotlib imported only when a plot is drawn, and saving.
 
-compare_plots.py and trace_plots.py both draw with these, so neither imports the other.
+compare/plots.py and trace/plots.py both draw with these, so neither imports the other.
 """
 from __future__ import annotations
 

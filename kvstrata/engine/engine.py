@@ -19,7 +19,7 @@ from kvstrata.engine.request import Request
 from kvstrata.engine.runner import ModelRunner
 from kvstrata.engine.sampling_params import InvalidRequestError, SamplingParams
 from kvstrata.engine.scheduler import ScheduledBatch, Scheduler
-from kvstrata.engine.warmup import WarmupReport, keep_freed_heap, warm_up
+from kvstrata.engine.warmup import WarmupReport, keep_freed_heap, release_freed_heap, warm_up
 from kvstrata.kv.events import attach_kv_events
 from kvstrata.kv.hashing import namespace_root
 from kvstrata.kv.pool import PagePool
@@ -32,7 +32,7 @@ from kvstrata.model.cpu_caps import read_cpu_info
 from kvstrata.model.dtype_plan import plan_dtype
 from kvstrata.model.fetch import resolve_model
 from kvstrata.model.llama import LlamaModel
-from kvstrata.model.q4_weights import q4_decode_wanted
+from kvstrata.model.quant.plan import keep_dense, q4_decode_wanted, quant_backend, weights_plan_line
 from kvstrata.model.tokenizer import Tokenizer
 from kvstrata.model.weights import load_weights
 
@@ -71,23 +71,30 @@ class Engine:
             want_q4 = q4_decode_wanted(model_cfg.q4_decode, device, dtype, auto_on=plan.q4_auto)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        weights = load_weights(path, keep_q4=want_q4)
+        backend = quant_backend(want_q4 and path.is_file(), model_cfg.fused_ops == "auto")
+        dense = keep_dense(model_cfg.prefill_weights, backend, path, dtype)
+        weights = load_weights(path, dtype if device.type == "cpu" else torch.float32, backend, dense)
         arch = weights.arch
         self.tokenizer = Tokenizer.from_path(path)
         try:
             attention = make_attention_backend(model_cfg.attention_backend, device)
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(f"--attention-backend {model_cfg.attention_backend}: {exc}") from None
-        self.model = LlamaModel(arch, weights.tensors, dtype, device, attention, q4=weights.q4,
-                                fused_ops=model_cfg.fused_ops == "auto",
+        self.model = LlamaModel(arch, weights.tensors, dtype, device, attention, tiles=weights.tiles, q4=weights.q4,
+                                rows=weights.rows, fused_ops=model_cfg.fused_ops == "auto",
                                 fused_decode_layers=model_cfg.fused_decode_layers == "auto")
-        if model_cfg.q4_decode == "on" and not self.model.uses_int4:
-            raise ConfigError(f"--q4-decode on: {path.name} has no Q4_0/Q4_1 linears; use a Q4 GGUF or --q4-decode off")
-        del weights.tensors, weights.q4
-        log.info("%s", plan.log_line(cpu, self.model.uses_int4))
-        log.info("attention backend: %s; fused norms: %s; int4/int8 kernels: %s; decode layers in one op: %s",
+        if model_cfg.q4_decode == "on" and not self.model.uses_quant:
+            raise ConfigError(f"--q4-decode on: {path.name} has no quantized linears our kernels run (Q4_0/1, Q5_0/1, "
+                              "Q8_0, Q4_K, Q5_K, Q6_K); use such a GGUF or --q4-decode off")
+        log.info("%s", plan.log_line(cpu, self.model.uses_quant))
+        log.info("%s", weights_plan_line(self.model, weights.types))
+        identity = weights.identity
+        del weights  # the model holds what it runs on
+        if model_cfg.malloc_tuning == "auto" and device.type == "cpu":
+            release_freed_heap()
+        log.info("attention backend: %s; fused norms: %s; quantized/int8 kernels: %s; decode layers in one op: %s",
                  type(attention).__name__, self.model.fused_ops,
-                 cpu_kernels.int_dot_isa() if self.model.uses_vnni else "torch", self.model.decode_layers is not None)
+                 cpu_kernels.int_dot_isa() if self.model.uses_int_dot else "torch", self.model.decode_layers is not None)
 
         ps = cache_cfg.page_size
         per_page = PagePool.bytes_per_page(ps, arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype)
@@ -100,10 +107,11 @@ class Engine:
         # fused ops round differently from torch's, and the C++ attention kernels sum in another order:
         # separate namespaces, so no tier (L3 is shared across machines of any CPU) mixes them
         m = self.model
-        layout = ("llama-paged-v1" + ("+q4decode" if m.uses_int4 else "") + ("+q4vnni" if m.uses_vnni else "")
+        layout = ("llama-paged-v1" + ("+q4decode" if m.uses_quant else "") + ("+intdot" if m.uses_int_dot else "")
+                  + ("" if m.dense_linears else "+dequantprefill")
                   + ("+fusedops" if m.fused_ops else "") + ("+silumul" if m.fused_silu else "")
                   + attention_layout(attention, dtype, device))
-        root = namespace_root(path.name + ":" + weights.identity, dtype_name, ps, layout)
+        root = namespace_root(path.name + ":" + identity, dtype_name, ps, layout)
         policy = cache_cfg.eviction_policy
         cache = RadixPrefixCache(self.pool, ps, root, policy) if cache_cfg.enable_prefix_caching else None
         self.prefix_cache = cache
@@ -125,7 +133,7 @@ class Engine:
         self.model_cfg = model_cfg
         self.info = EngineInfo(
             arch=arch,
-            model_identity=weights.identity,
+            model_identity=identity,
             served_model_name=model_cfg.served_model_name or _default_name(model_cfg.model),
             max_model_len=limit,
             dtype=dtype_name,

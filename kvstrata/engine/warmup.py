@@ -1,12 +1,13 @@
 """Start-up warm-up: a dummy step of the whole step budget before the server says it is ready, and
 glibc malloc told to keep the memory a step frees.
 
-Why (measured on CPU, a 2-core Zen 4 under KVSTRATA_CPU_ISA=avx2, SmolLM2): the first cold 1,691-token
-prompt after start took 4.5-5.1 s against 3.4-3.9 s for the next ones, with 53-145k minor page faults
-(fresh heap and first use of the GEMM and attention kernels at that size); glibc's defaults (an
-mmap threshold that adapts, the heap top trimmed above twice it) kept faulting 30-55k pages on later
-cold prompts too. With both below: 8-15 faults per prompt, from the first one. vLLM runs a dummy
-batch of max_num_batched_tokens at start for the same reason (its profile run).
+Why: the first cold prompt after start pays for a fresh heap and the first use of the GEMM and
+attention kernels at its size (tens of thousands of minor page faults), and with glibc's defaults
+(an mmap threshold that adapts, the heap top trimmed above twice it) later cold prompts keep
+faulting in the large blocks a step frees. The dummy step moves the first-use cost before /health
+says ready, and the two thresholds below keep the freed memory mapped; vLLM runs a dummy batch of
+max_num_batched_tokens at start for the same reason (its profile run). Figures: docs/production.md,
+"Start-up warm-up".
 
 The dummy step goes through the runner and the model only: pages straight from the pool (given back
 zeroed), no request, no prefix cache, no KV events, no store writes, no metrics.
@@ -48,6 +49,16 @@ def keep_freed_heap() -> str:
     if libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1 or libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:
         return f"unchanged (glibc {version} refused mallopt)"
     return f"glibc {version} mmap_threshold={MMAP_THRESHOLD >> 20}MiB trim_threshold={TRIM_THRESHOLD >> 20}MiB"
+
+
+def release_freed_heap() -> bool:
+    """Give the heap's free memory back to the system once (glibc's malloc_trim): what loading freed
+    (decoded blocks, packing temporaries) would otherwise stay in RSS under the 1 GiB trim threshold."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError, TypeError):
+        return False
 
 
 @dataclass(frozen=True)

@@ -7,14 +7,14 @@ Every cached page has a class:
     RETAINED   2  its request sent prompt_cache_retention "24h" and the retention has not expired
 
 `--eviction-policy`:
-- `lru`: recency only, as before; PROBATION and PROTECTED are the same (RETAINED still counts: the
+- `lru`: recency only; PROBATION and PROTECTED are the same (RETAINED still counts: the
   client asked for it).
 - `slru` (the default): segmented LRU. Every PROBATION page goes before any PROTECTED page, which goes
   before any RETAINED page; LRU within a class. A one-off prompt (a batch job, a crawler, a
   summarisation sweep) reuses nothing, so its pages stay PROBATION and cannot flush the prefixes
   sessions come back to. A session's next turn reuses its history, so the pages it adds start
   PROTECTED: its growing prefix survives a scan between turns without ever being hit twice first.
-  Chosen by measurement: bench/scan_policy_sim.py (README "Agent sessions").
+  Chosen by measurement: bench/scan_policy_sim.py (docs/kv-tiers.md, "Scan resistance").
 
 L2 keeps the classes of the pages L1 evicts into it (host_tier.py): PROBATION first, then
 PROTECTED (at most PROTECTED_SHARE of L2: past it the least recent protected page is demoted); RETAINED pages younger than their retention are never evicted by other traffic while

@@ -61,9 +61,6 @@ class PagePool:
     def is_in_use(self, page: int) -> bool:
         return page in self._in_use
 
-    def can_alloc(self, n: int) -> bool:
-        return n <= len(self._free)
-
     def alloc(self, n: int) -> list[int] | None:
         """Take n pages, or None (taking nothing) if fewer than n are free."""
         if n > len(self._free):
@@ -78,12 +75,6 @@ class PagePool:
                 raise PoolIntegrityError(f"page {p} freed but not in use (double free?)")
             self._in_use.remove(p)
             self._free.append(p)
-
-    def copy_page(self, src: int, dst: int) -> None:
-        s, d, n = src * self.page_size, dst * self.page_size, self.page_size
-        for layer in range(self.layers):
-            self.k[layer][d : d + n].copy_(self.k[layer][s : s + n])
-            self.v[layer][d : d + n].copy_(self.v[layer][s : s + n])
 
     def check_integrity(self, held: dict[str, list[int]] | None = None) -> None:
         """Check the free list; with `held` (owner -> pages), also that every in-use page has

@@ -32,7 +32,7 @@ SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile
                "asimd", "sve", "bf16")
 CACHE_FILE = "cpu_caps.json"
 ISA_ENV = "KVSTRATA_CPU_ISA"
-ISA_CAPS = ("native", "avx2")
+ISA_CAPS = ("native", "avx2", "portable")
 AVX2_NEEDS = ("avx2", "fma", "f16c")  # x86-64-v3's vector part: what -march=x86-64-v3 code uses
 ABOVE_AVX2 = ("avx512", "amx", "avx_vnni", "avx_ifma", "avx_ne_convert")  # flag prefixes an AVX2 cap drops
 
@@ -42,7 +42,8 @@ class CpuIsaError(ValueError):
 
 
 def isa_cap() -> str:
-    """KVSTRATA_CPU_ISA: "native" (the default: whatever the CPU has) or "avx2"."""
+    """KVSTRATA_CPU_ISA: "native" (the default: whatever the CPU has), "avx2", or "portable" (x86-64's
+    baseline: no AVX at all, so the kernels' portable loops run, as on a CPU without AVX2)."""
     value = os.environ.get(ISA_ENV, "").strip().lower() or "native"
     if value not in ISA_CAPS:
         raise CpuIsaError(f"{ISA_ENV}={value!r}: must be one of {', '.join(ISA_CAPS)}")
@@ -53,6 +54,8 @@ def capped_flags(flags: frozenset[str], cap: str) -> frozenset[str]:
     """`flags` as a CPU at ISA level `cap` would list them (CpuIsaError if this one is below it)."""
     if cap == "native":
         return flags
+    if cap == "portable":
+        return frozenset(f for f in flags if not f.startswith(("avx", "amx", "fma", "f16c", "vaes", "vpclmul")))
     missing = [f for f in AVX2_NEEDS if f not in flags]
     if missing:
         raise CpuIsaError(f"{ISA_ENV}={cap}: this CPU lacks {', '.join(missing)}")

@@ -7,9 +7,9 @@ CPU's model and flags: a restart loads the built library in milliseconds, and a 
 torch builds its own. The ops land in torch.ops.kvstrata: paged_decode (decode attention over the
 page pool), paged_prefill (causal prefill attention over the pages in bf16, on AVX512-BF16 dot
 products where the CPU has them), rms_norm, add_rms_norm, rope_store, silu_mul and int8_head_logits (the
-int8 LM head on VNNI or AVX2 integer dot products, model/int8_head.py) and int4_linear (the GGUF's
-4-bit linears on the same, model/q4_weights.py), and decode_layers (all layers of a pure decode step on
-those ops in one call, model/decode_layers.py). KVSTRATA_CPU_ISA=avx2 builds for the x86-64-v3
+int8 LM head on VNNI or AVX2 integer dot products, model/quant/int8_head.py), int_dot_linear and
+int_dot_dequant (a GGUF's quantized linears on the same, from their own blocks, model/quant/int_dot.py),
+and decode_layers (all layers of a pure decode step on those ops in one call, model/decode_layers.py). KVSTRATA_CPU_ISA=avx2 builds for the x86-64-v3
 level instead of -march=native (cpu_caps.py). A machine without a compiler gets False and a logged
 reason; callers keep the torch path.
 """
@@ -35,10 +35,13 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = (CSRC / "paged_decode.cpp", CSRC / "paged_prefill.cpp", CSRC / "rms_norm.cpp",
            CSRC / "rope_store.cpp", CSRC / "silu_mul.cpp", CSRC / "int8_head.cpp",
-           CSRC / "int4_linear.cpp", CSRC / "decode_layers.cpp")  # paged_decode.cpp defines the op library
-HEADERS = (CSRC / "exp_approx.h", CSRC / "paged_prefill_portable.h")  # included by the sources: in the build tag too
+           CSRC / "int_dot_linear.cpp", CSRC / "int_dot_dequant.cpp",
+           CSRC / "decode_layers.cpp")  # paged_decode.cpp defines the op library
+HEADERS = (CSRC / "exp_approx.h", CSRC / "paged_prefill_portable.h",
+           CSRC / "int_dot_common.h")  # included by the sources: in the build tag too
 CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=fast"]
-MARCH = {"native": ["-march=native"], "avx2": ["-march=x86-64-v3", "-mtune=native"]}  # by cpu_caps.isa_cap()
+MARCH = {"native": ["-march=native"], "avx2": ["-march=x86-64-v3", "-mtune=native"],
+         "portable": ["-march=x86-64", "-mtune=native"]}  # by cpu_caps.isa_cap()
 _lock = threading.Lock()
 _loaded: dict[str, bool] = {}
 
@@ -139,14 +142,14 @@ def has_avx512() -> bool:
 
 
 def int_dot_simd() -> bool:
-    """Whether int8_head.cpp and int4_linear.cpp get a vector form here: vpdpbusd (AVX512-VNNI) or its
+    """Whether int8_head.cpp and int_dot_linear.cpp get a vector form here: vpdpbusd (AVX512-VNNI) or its
     AVX2 equivalent (vpmaddubsw + vpmaddwd, with FMA and F16C); both give the same bits."""
     flags = _cpu_flags()
     return "avx512_vnni" in flags or all(f in flags for f in ("avx2", "fma", "f16c"))
 
 
 def int_dot_isa() -> str:
-    """Which form of int4_linear/int8_head_logits the built library runs: avx512_vnni, avx2 or portable."""
+    """Which form of int_dot_linear (q4) / int8_head_logits the built library runs: avx512_vnni, avx2 or portable."""
     return str(torch.ops.kvstrata.int_dot_isa())
 
 

@@ -1,11 +1,11 @@
 """All layers of a pure decode step in one C++ op call (csrc/decode_layers.cpp).
 
-A decode step on the int4 path is ~11 small ops a layer (four int4 linears, RoPE with the K/V write,
+A decode step on the quantized path is ~11 small ops a layer (four linears, RoPE with the K/V write,
 paged attention, two fused norms, silu * up), each launched from Python at ~4-5 us of dispatch and
 interpreter: ~330 launches, a sixth of a batch-1 step of SmolLM2. `csrc/decode_layers.cpp` runs the
 same ops on the same kernels in the same order from C++, so the step's bits do not change (tested
 against the Python loop in tests/model/test_decode_layers.py). It applies where every piece of it
-does: our int4 kernel for every linear, the fused ops, the cpu_paged backend's decode kernel for
+does: our integer-dot kernel for every linear, the fused ops, the cpu_paged backend's decode kernel for
 these head shapes, no per-head q/k norms (Qwen3), and a step whose rows are all decode rows.
 `--fused-decode-layers off` keeps the Python loop.
 """
@@ -18,23 +18,14 @@ import torch
 from kvstrata.model import cpu_kernels
 from kvstrata.model.arch import ModelArch
 from kvstrata.model.attention import AttentionBackend, AttentionMetadata, CpuPagedBackend
-from kvstrata.model.q4_weights import PackedInt4
+from kvstrata.model.quant.linear import LayerLinears
+
+SLOTS = (("qkv", 3), ("o", 1), ("gate_up", 2), ("down", 1))  # packed parts a linear may have (decode_layers.cpp)
 
 
-class Int4Linears(Protocol):  # llama.LayerInt4
+class Layer(Protocol):  # what this reads of layer_weights.LayerWeights
     @property
-    def qkv(self) -> PackedInt4: ...
-    @property
-    def o(self) -> PackedInt4: ...
-    @property
-    def gate_up(self) -> PackedInt4: ...
-    @property
-    def down(self) -> PackedInt4: ...
-
-
-class Layer(Protocol):  # what this reads of llama.LayerWeights
-    @property
-    def int4(self) -> Int4Linears | None: ...
+    def quant(self) -> LayerLinears | None: ...
     @property
     def q_norm(self) -> torch.Tensor | None: ...
     @property
@@ -46,17 +37,20 @@ class Layer(Protocol):  # what this reads of llama.LayerWeights
 
 
 def _flat_weights(layers: Sequence[Layer]) -> list[torch.Tensor] | None:
-    """decode_layers.cpp's 7 tensors a layer, or None where a layer is not all on our int4 kernel."""
+    """decode_layers.cpp's 10 tensors a layer, or None where a layer is not all on our integer-dot kernel."""
     empty = torch.empty(0)
     out: list[torch.Tensor] = []
     for i, lw in enumerate(layers):
-        q4 = lw.int4
-        linears = [q4.qkv, q4.o, q4.gate_up, q4.down] if q4 is not None else []
-        if not linears or any(p.vnni is None for p in linears) or lw.q_norm is not None:
+        if lw.quant is None or lw.q_norm is not None:
             return None
+        for name, slots in SLOTS:
+            linear = getattr(lw.quant, name)
+            if linear.torch_int4 is not None or len(linear.parts) > slots:
+                return None
+            out += [*linear.parts, *[empty] * (slots - len(linear.parts))]
         bias = lw.qkv_bias if lw.qkv_bias is not None else empty
         nxt = layers[i + 1].input_norm if i + 1 < len(layers) else empty
-        out += [*(p.vnni.packed for p in linears), bias, lw.post_norm, nxt]
+        out += [bias, lw.post_norm, nxt]
     return out
 
 
@@ -69,12 +63,12 @@ class DecodeLayers:
 
     @classmethod
     def build(cls, layers: Sequence[Layer], arch: ModelArch, dtype: torch.dtype, attention: AttentionBackend,
-              int4_fused: bool, fused_silu: bool) -> DecodeLayers | None:
-        """None unless the op can run every layer of this model's decode steps; `int4_fused`: the model
-        runs our fused ops and our int4 kernel (LlamaModel.fused_ops and .uses_vnni)."""
+              int_dot_fused: bool, fused_silu: bool) -> DecodeLayers | None:
+        """None unless the op can run every layer of this model's decode steps; `int_dot_fused`: the model
+        runs our fused ops and our integer-dot kernel (LlamaModel.fused_ops and .uses_int_dot)."""
         q = torch.empty(0, arch.num_heads, arch.head_dim, dtype=dtype)  # shapes only, for the kernel's own check
         k = torch.empty(0, arch.num_kv_heads, arch.head_dim, dtype=dtype)
-        static_ok = (int4_fused and isinstance(attention, CpuPagedBackend) and hasattr(torch.ops.kvstrata, "decode_layers")
+        static_ok = (int_dot_fused and isinstance(attention, CpuPagedBackend) and hasattr(torch.ops.kvstrata, "decode_layers")
                      and cpu_kernels.paged_decode_supports(q, k))
         weights = _flat_weights(layers) if static_ok else None
         if weights is None:

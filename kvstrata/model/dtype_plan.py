@@ -8,7 +8,7 @@ Prefill is GEMM-bound, so its dtype is whichever GEMM is faster here:
 - other CPUs (Arm, ...), whose flags say less: a cached micro-benchmark of both (cpu_caps.py),
   bfloat16 when it reaches `BF16_MIN_RATIO` of float32.
 Decode steps of a few rows are bound by weight reads, so both plans run them on the GGUF's 4-bit
-weights (`--q4-decode auto` = on; q4_weights.py feeds that kernel bf16 activations either way).
+weights (`--q4-decode auto` = on; quant/plan.py).
 CUDA keeps bfloat16 (float16 where the GPU has no bf16). An explicit `--dtype` always wins, and then
 `--q4-decode auto` keeps its meaning (on for bfloat16 only, so float32 stays transformers-exact).
 `kvstrata dtype-plan` prints the decision for this machine (`--peer-dtype`: only
@@ -35,7 +35,7 @@ class DtypePlan:
 
     def log_line(self, cpu: CpuInfo | None, int4_decode: bool) -> str:
         """One key=value line for the startup log."""
-        decode = "int4" if int4_decode else self.dtype
+        decode = "quantized" if int4_decode else self.dtype
         fields = [f"dtype={self.dtype}", f"prefill={self.dtype}", f"decode={decode}", f"source={self.source}",
                   f"reason={self.reason}"]
         if cpu is not None:

@@ -105,7 +105,7 @@ def resolve_model(model: str) -> Path:
         return fetch_model(model)
     path = Path(model).expanduser()
     if path.exists():
-        return path
+        return path.resolve()
     raise ValueError(
         f"model {model!r} is neither a known name ({', '.join(sorted(REGISTRY))}) "
         "nor an existing .gguf file or Hugging Face folder."

@@ -1,18 +1,21 @@
-"""Load a GGUF file's tensors as float32 CPU tensors under Hugging Face Llama names.
+"""Load a GGUF file's tensors under Hugging Face Llama names, dense or in their quantized blocks.
 
-Each tensor is dequantized with `gguf.quants.dequantize` (every type that package knows: F32,
-F16, BF16, Q4_0/1, Q5_0/1, Q8_0, K-quants, IQ*), reshaped to torch order (GGUF lists dims
-innermost first), renamed, and for the `llama` architecture the Q/K rows are un-permuted:
-llama.cpp's converter interleaves each head's two RoPE halves (`permute` in
-convert_hf_to_gguf.py); Hugging Face keeps them as [first half | second half].
-With `keep_q4`, linears stored as Q4_0/Q4_1 also come back as their 4-bit blocks (q4_weights.py),
-un-permuted the same way, for the int4 decode path.
+A dense tensor is dequantized with `gguf.quants.dequantize` (every type that package knows: F32,
+F16, BF16, Q4_0/1, Q5_0/1, Q8_0, K-quants, IQ*) straight into the model's dtype, chunk by chunk,
+reshaped to torch order (GGUF lists dims innermost first) and renamed. A linear of a block type our
+integer-dot kernels run (quant/blocks.py) can instead stay in its blocks, repacked (quant/int_dot.py),
+and the embedding and LM head can stay in the mapped file (quant/gguf_rows.py), so loading holds about
+the file's size. For the `llama` architecture the Q/K rows are un-permuted: llama.cpp's converter
+interleaves each head's two RoPE halves (`permute` in convert_hf_to_gguf.py); Hugging Face keeps them
+as [first half | second half].
 """
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +23,10 @@ import torch
 
 from kvstrata.model.arch import ModelArch
 from kvstrata.model.gguf_header import GGUFTensorInfo, gguf_identity, read_gguf_header
-from kvstrata.model.q4_weights import Q4Weight, read_q4
+from kvstrata.model.quant.blocks import IntWeight, block_type, decode_blocks
+from kvstrata.model.quant.gguf_rows import GgufRows, drop_pages
+from kvstrata.model.quant.int_dot import pack_raw, raw_packable
+from kvstrata.model.quant.torch_int4 import TorchInt4
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +52,7 @@ _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 # Kept under its GGUF name: Llama 3.x files store their RoPE frequency factors (divisors of
 # inv_freq) as a tensor instead of rope_scaling metadata; HF has no tensor name for it.
 ROPE_FREQS = "rope_freqs.weight"
+EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -61,10 +68,25 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def load_gguf(
-    path: Path, num_threads: int | None = None, keep_q4: bool = False
-) -> tuple[ModelArch, dict[str, torch.Tensor], str, dict[str, Q4Weight]]:
-    """(arch, float32 tensors by HF name, identity, 4-bit linears by HF name if `keep_q4`) of `path`."""
+@dataclass
+class GgufWeights:
+    arch: ModelArch
+    tensors: dict[str, torch.Tensor]  # dense, in the dtype asked for, by HF name
+    identity: str
+    path: Path
+    tiles: dict[str, torch.Tensor] = field(default_factory=dict)  # linears as int-dot tiles (quant/int_dot.py)
+    q4: dict[str, IntWeight] = field(default_factory=dict)  # Q4_0/Q4_1 linears for torch's int4 kernel
+    rows: dict[str, GgufRows] = field(default_factory=dict)  # embedding / LM head rows read from the file
+    types: dict[str, str] = field(default_factory=dict)  # HF name -> the GGUF's type name
+
+
+def load_gguf(path: Path, dtype: torch.dtype = torch.float32, quant: str | None = None, keep_dense: bool = True,
+              num_threads: int | None = None) -> GgufWeights:
+    """The tensors of `path`, tensor by tensor (never a float32 copy of the whole model).
+
+    quant None: every tensor dense in `dtype`. "int_dot": linears of a block type (quant/blocks.py) as
+    int-dot tiles, the embedding and LM head as rows read from the file; dense copies of those too only
+    with `keep_dense`. "torch_int4": everything dense, and the Q4_0/Q4_1 linears as blocks too."""
     header = read_gguf_header(path)
     arch = ModelArch.from_gguf_metadata(header.metadata, header.tensor_names())
     wanted: list[tuple[GGUFTensorInfo, str]] = []
@@ -77,38 +99,77 @@ def load_gguf(
             continue
         wanted.append((info, name))
     data = np.memmap(path, dtype=np.uint8, mode="r")
+    out = GgufWeights(arch, {}, gguf_identity(header), path)
+    load = functools.partial(_load_tensor, data, arch=arch, dtype=dtype, quant=quant, keep_dense=keep_dense, out=out)
     threads = num_threads or min(8, torch.get_num_threads())
-    # numpy releases the GIL in the dequant kernels, so tensors dequantize in parallel.
+    # numpy releases the GIL in the dequant kernels, so tensors load in parallel
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        results = list(pool.map(lambda item: _load_tensor(data, item[0], item[1], arch, keep_q4), wanted))
-    del data
-    tensors = {name: tensor for (_, name), (tensor, _) in zip(wanted, results)}
-    q4 = {name: q for (_, name), (_, q) in zip(wanted, results) if q is not None}
-    return arch, tensors, gguf_identity(header), q4
+        list(pool.map(lambda item: load(item[0], item[1]), wanted))
+    del data  # unmapped: the pages read while packing leave this process (rows keep maps of their own)
+    return out
 
 
-def _load_tensor(
-    data: np.memmap, info: GGUFTensorInfo, name: str, arch: ModelArch, keep_q4: bool
-) -> tuple[torch.Tensor, Q4Weight | None]:
+def _load_tensor(data: np.memmap, info: GGUFTensorInfo, name: str, *, arch: ModelArch, dtype: torch.dtype,
+                 quant: str | None, keep_dense: bool, out: GgufWeights) -> None:
+    """Puts tensor `name` into `out` in the forms asked for (dict stores are atomic under the GIL)."""
+    from gguf import GGMLQuantizationType
+
+    type_name = GGMLQuantizationType(info.ggml_type).name
+    out.types[name] = type_name
+    shape = tuple(info.shape)
+    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    raw = data[info.offset:info.offset + info.nbytes].reshape(rows, info.nbytes // rows)  # [rows, bytes a row]
+    heads = _rope_heads(arch, name)
+    kept = False  # whether the tensor is held in a quantized form (then dense only with keep_dense)
+    if quant == "int_dot" and name in (EMBED, HEAD):
+        out.rows[name] = GgufRows(out.path, info.offset, info.nbytes, type_name, (shape[0], shape[1]))
+        kept = True
+    elif quant == "int_dot" and name.endswith("proj.weight") and raw_packable(type_name, shape):
+        order = raw if not heads else raw[unpermute_rope_rows(torch.arange(shape[0]).unsqueeze(1), heads).squeeze(1).numpy()]
+        try:
+            out.tiles[name] = pack_raw(order, type_name, (shape[0], shape[1]))
+            kept = True
+        except ValueError as exc:  # a scale past float16's range: that tensor stays dense
+            logger.warning("event=gguf_tensor_dense name=%s type=%s reason=%s", name, type_name, exc)
+    elif quant == "torch_int4" and name.endswith("proj.weight") and block_type(type_name, shape) is not None:
+        w = decode_blocks(raw, type_name, (shape[0], shape[1]))
+        if heads:
+            w = w.rows(unpermute_rope_rows(torch.arange(shape[0]).unsqueeze(1), heads).squeeze(1))
+        if TorchInt4.accepts(w):
+            out.q4[name] = w  # torch's path keeps the dense weights beside
+    if not kept or keep_dense:
+        tensor = _dense(raw, type_name, shape, dtype)
+        out.tensors[name] = unpermute_rope_rows(tensor, heads) if heads else tensor
+    drop_pages(data, info.offset, info.nbytes)  # read once: its file pages need not stay in RSS
+
+
+def _rope_heads(arch: ModelArch, name: str) -> int:
+    """llama.cpp permutes the Q/K rows of `llama` files (unpermute_rope_rows): their head count, else 0."""
+    if arch.architecture != "llama":
+        return 0
+    if name.endswith("q_proj.weight"):
+        return arch.num_heads
+    return arch.num_kv_heads if name.endswith("k_proj.weight") else 0
+
+
+DENSE_CHUNK = 1 << 24  # values dequantized at a time: a 64 MB float32 temporary at most
+
+
+def _dense(raw: np.ndarray, type_name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """raw [rows, bytes a row] -> the tensor in `dtype`, dequantized by the `gguf` package chunk by chunk."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    qtype = GGMLQuantizationType(info.ggml_type)
-    raw = data[info.offset:info.offset + info.nbytes]
-    rows = int(np.prod(info.shape[:-1])) if len(info.shape) > 1 else 1
-    raw = raw.reshape(rows, info.nbytes // rows)  # [rows, bytes per row]
-    values = dequantize(raw, qtype)
-    if np.may_share_memory(values, raw):  # F32 comes back as a view of the read-only map
-        values = values.copy()
-    values = values.astype(np.float32, copy=False).reshape(info.shape)
-    tensor = torch.from_numpy(values)
-    q4 = read_q4(raw, qtype.name, tuple(info.shape)) if keep_q4 and name.endswith("proj.weight") else None
-    if arch.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
-        heads = arch.num_heads if name.endswith("q_proj.weight") else arch.num_kv_heads
-        tensor = unpermute_rope_rows(tensor, heads)
-        if q4 is not None:
-            q4 = q4.rows(unpermute_rope_rows(torch.arange(tensor.shape[0]).unsqueeze(1), heads).squeeze(1))
-    return tensor, q4
+    qtype = GGMLQuantizationType[type_name]
+    rows, cols = raw.shape[0], int(np.prod(shape)) // raw.shape[0]
+    out = torch.empty(rows, cols, dtype=dtype)
+    step = max(1, DENSE_CHUNK // cols)
+    for start in range(0, rows, step):
+        values = np.asarray(dequantize(raw[start:start + step], qtype), dtype=np.float32).reshape(-1, cols)
+        if not values.flags.writeable:  # F32 comes back as a view of the read-only map
+            values = values.copy()
+        out[start:start + step] = torch.from_numpy(values)
+    return out.reshape(shape)
 
 
 def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -119,11 +180,4 @@ def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     """
     half = weight.shape[0] // num_heads // 2
     w = weight.reshape(num_heads, half, 2, *weight.shape[1:])  # [heads, half, 2, in]
-    return w.transpose(1, 2).reshape(weight.shape).contiguous()
-
-
-def permute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """llama.cpp's permutation (what its converter applies); the inverse of `unpermute_rope_rows`."""
-    half = weight.shape[0] // num_heads // 2
-    w = weight.reshape(num_heads, 2, half, *weight.shape[1:])  # [heads, 2, half, in]
     return w.transpose(1, 2).reshape(weight.shape).contiguous()

@@ -131,7 +131,8 @@ def _convert_gguf_tokenizer(path: Path) -> Any:
     from transformers import AutoTokenizer
 
     start = time.perf_counter()
-    hf_tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=str(path))
+    path = path.expanduser().resolve()  # gguf_file is taken relative to the folder: pass the bare name
+    hf_tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     logger.info("event=tokenizer_converted path=%s seconds=%.2f", path, time.perf_counter() - start)
     return hf_tokenizer.backend_tokenizer
 

@@ -1,6 +1,7 @@
-"""`load_weights(path)`: a GGUF file or a HF safetensors folder -> float32 tensors under HF names.
+"""`load_weights(path)`: a GGUF file or a HF safetensors folder -> tensors under HF names.
 
-Whatever the source, the result holds exactly the tensors `expected_tensor_names(arch)` lists:
+Whatever the source, the result holds exactly the tensors `expected_tensor_names(arch)` lists (dense,
+or for a GGUF loaded for the quantized kernels some as tiles, blocks or file rows; gguf_loader.py):
     model.embed_tokens.weight                                   [vocab, hidden]
     model.layers.{i}.self_attn.{q,k,v,o}_proj.weight            q: [heads*head_dim, hidden]
                                                                 k/v: [kv_heads*head_dim, hidden]
@@ -23,7 +24,8 @@ import torch
 
 from kvstrata.model.arch import ModelArch
 from kvstrata.model.gguf_loader import ROPE_FREQS, load_gguf
-from kvstrata.model.q4_weights import Q4Weight
+from kvstrata.model.quant.blocks import IntWeight
+from kvstrata.model.quant.gguf_rows import GgufRows
 from kvstrata.model.safetensors_loader import load_folder
 
 logger = logging.getLogger(__name__)
@@ -32,10 +34,13 @@ logger = logging.getLogger(__name__)
 @dataclass
 class LoadedWeights:
     arch: ModelArch
-    tensors: dict[str, torch.Tensor]  # float32, CPU, HF names
+    tensors: dict[str, torch.Tensor]  # dense, CPU, HF names
     identity: str  # short stable id of these weights; namespaces cache keys
     source_path: Path
-    q4: dict[str, Q4Weight] = field(default_factory=dict)  # GGUF Q4_0/Q4_1 linears, when asked for
+    tiles: dict[str, torch.Tensor] = field(default_factory=dict)  # GGUF linears as int-dot tiles, when asked for
+    q4: dict[str, IntWeight] = field(default_factory=dict)  # GGUF Q4_0/Q4_1 linears for torch's int4 kernel
+    rows: dict[str, GgufRows] = field(default_factory=dict)  # GGUF embedding / LM head read from the file
+    types: dict[str, str] = field(default_factory=dict)  # GGUF type name by HF name
 
 
 def expected_tensor_names(arch: ModelArch) -> list[str]:
@@ -56,43 +61,47 @@ def expected_tensor_names(arch: ModelArch) -> list[str]:
     return names
 
 
-def load_weights(path: str | Path, keep_q4: bool = False) -> LoadedWeights:
-    """Load a .gguf file or a folder with config.json + *.safetensors as float32 CPU tensors.
+def load_weights(path: str | Path, dtype: torch.dtype = torch.float32, quant: str | None = None,
+                 keep_dense: bool = True) -> LoadedWeights:
+    """Load a .gguf file or a folder with config.json + *.safetensors, dense tensors in `dtype`.
 
-    `keep_q4`: also keep a GGUF's Q4_0/Q4_1 linears as 4-bit blocks (`LoadedWeights.q4`).
+    `quant` and `keep_dense` (GGUF only; gguf_loader.load_gguf): "int_dot" keeps block-type linears as
+    int-dot tiles and the embedding / LM head in the file (dense copies too only with `keep_dense`);
+    "torch_int4" keeps the Q4_0/Q4_1 linears' blocks beside the dense weights.
     """
-    q4: dict[str, Q4Weight] = {}
     path = Path(path).expanduser()
     start = time.perf_counter()
     if path.is_dir():
         arch, tensors, identity = load_folder(path, expected_tensor_names)
+        loaded = LoadedWeights(arch, {n: t.to(dtype) for n, t in tensors.items()}, identity, path)
     elif path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ValueError(f"{path} is neither a .gguf file nor a folder; pass a GGUF file or a HF model folder.")
-        arch, tensors, identity, q4 = load_gguf(path, keep_q4=keep_q4)
+        g = load_gguf(path, dtype, quant, keep_dense)
+        loaded = LoadedWeights(g.arch, g.tensors, g.identity, path, g.tiles, g.q4, g.rows, g.types)
     else:
         raise FileNotFoundError(f"model path {path} does not exist; pass a .gguf file or a HF model folder.")
-    tensors = _select(path, arch, tensors)
+    _check(loaded)
     logger.info(
         "event=weights_loaded path=%s arch=%s tensors=%d identity=%s seconds=%.2f",
-        path, arch.architecture, len(tensors), identity, time.perf_counter() - start,
+        path, loaded.arch.architecture, len(expected_tensor_names(loaded.arch)), loaded.identity,
+        time.perf_counter() - start,
     )
-    return LoadedWeights(arch=arch, tensors=tensors, identity=identity, source_path=path, q4=q4)
+    return loaded
 
 
-def _select(path: Path, arch: ModelArch, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`tensors` in `expected_tensor_names` order (plus rope_freqs); raises if any is missing."""
-    expected = expected_tensor_names(arch)
-    missing = [name for name in expected if name not in tensors]
+def _check(w: LoadedWeights) -> None:
+    """Drops tensors the model does not read; raises if any it reads is missing in every form."""
+    expected = expected_tensor_names(w.arch)
+    have = set(w.tensors) | set(w.tiles) | set(w.q4) | set(w.rows)
+    missing = [name for name in expected if name not in have]
     if missing:
         raise ValueError(
-            f"{path}: {len(missing)} tensors missing for a {arch.architecture} model "
+            f"{w.source_path}: {len(missing)} tensors missing for a {w.arch.architecture} model "
             f"(first: {missing[:3]}); the checkpoint is incomplete or of another architecture."
         )
-    selected = {name: tensors[name] for name in expected}
-    if ROPE_FREQS in tensors:
-        selected[ROPE_FREQS] = tensors[ROPE_FREQS]
-    extra = sorted(set(tensors) - set(selected))
+    keep = set(expected) | {ROPE_FREQS}
+    extra = sorted(set(w.tensors) - keep)
     if extra:
         logger.info("event=weights_extra_dropped count=%d first=%s", len(extra), extra[0])
-    return selected
+    w.tensors = {name: w.tensors[name] for name in [*expected, ROPE_FREQS] if name in w.tensors}

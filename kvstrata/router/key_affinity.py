@@ -46,9 +46,6 @@ class KeyAffinity:
     def __len__(self) -> int:
         return len(self._rank)
 
-    def rank_of(self, key: bytes) -> int | None:
-        return self._rank.get(key)
-
     def overloaded(self, rank: RankLoad, ranks: Sequence[RankLoad]) -> bool:
         lo = min(r.requests for r in ranks)
         return rank.requests - lo > self.cfg.balance_abs_threshold and rank.requests > lo * self.cfg.balance_rel_threshold

@@ -8,7 +8,7 @@ import pytest
 
 from kvstrata.analyze.analysis import analyze
 from kvstrata.analyze.rendered import AnalyzeInputError, load_requests
-from kvstrata.bench.hostile import TEMPLATES, hostile_requests
+from kvstrata.bench.agentic.hostile import TEMPLATES, hostile_requests
 from kvstrata.cli import main
 from kvstrata.model.tokenizer import Tokenizer
 from kvstrata.serving.request_log import redact_body, redact_text

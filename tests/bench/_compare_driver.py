@@ -7,8 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kvstrata.bench import compare
-from kvstrata.bench.engines import EngineSpec
+from kvstrata.bench.compare import command as compare
+from kvstrata.bench.compare.engines import EngineSpec
 from kvstrata.cli import main
 
 FAKE = str(Path(__file__).with_name("_fake_engine_proc.py"))

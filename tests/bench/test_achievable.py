@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvstrata.bench.agentic import RequestRecord
+from kvstrata.bench.agentic.driver import RequestRecord
 from kvstrata.bench.client import ChatResult
 from kvstrata.bench.report import (
     PrefixLedger,
@@ -17,7 +17,7 @@ from kvstrata.bench.report import (
     prompt_token_ids,
     sent_sequence,
 )
-from kvstrata.bench.workloads import AgenticConfig, generate_agentic
+from kvstrata.bench.agentic.workload import AgenticConfig, generate_agentic
 
 
 def test_ledger_matches_whole_pages_and_never_the_last_token() -> None:

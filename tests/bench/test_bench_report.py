@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from kvstrata.bench.agentic import RequestRecord
+from kvstrata.bench.agentic.driver import RequestRecord
+from kvstrata.bench.agentic.workload import AgenticConfig, generate_agentic
 from kvstrata.bench.client import ChatResult
 from kvstrata.bench.report import build_report, format_table, prompt_token_ids, write_json
-from kvstrata.bench.workloads import AgenticConfig, generate_agentic
 
 FIELDS = {
     "meta", "requests", "errors", "first_error", "prompt_tokens", "output_tokens", "cached_tokens",

@@ -6,8 +6,8 @@ import importlib
 
 import pytest
 
-from kvstrata.bench import locust_compare
 from kvstrata.bench.cli import BENCH_COMMANDS, BenchCommand, add_bench_parser
+from kvstrata.bench.response_cache import locust_compare
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,5 +1,5 @@
 """The real SmolLM2 on the server's default path (`dtype auto`: on this CPU bfloat16 or float32
-prefill, int4 decode, int8 head, fused norm/RoPE ops, the C++ paged decode kernel): a shared system
+prefill, quantized decode, int8 head, fused norm/RoPE ops, the C++ paged decode kernel): a shared system
 prompt served from the prefix cache gives the same greedy tokens as recomputing it, and the path
 it runs is the one the server logs."""
 from __future__ import annotations
@@ -25,8 +25,8 @@ def test_shared_system_prompt_from_the_cache_equals_recomputing_it(smollm2_path:
     on = LLM(str(smollm2_path), max_total_tokens=8192)
     off = LLM(str(smollm2_path), max_total_tokens=8192, enable_prefix_caching=False)
     model = on.engine.model
-    assert isinstance(model.attention, CpuPagedBackend) and model.uses_int4 and model.fused_ops
-    assert (model.decode_layers is not None) == model.uses_vnni  # decode steps' layers in one op (ours all)
+    assert isinstance(model.attention, CpuPagedBackend) and model.uses_quant and model.fused_ops
+    assert (model.decode_layers is not None) == model.uses_int_dot  # decode steps' layers in one op (ours all)
     tok = on.tokenizer
     prompts = [tok.encode(tok.apply_chat_template([{"role": "system", "content": SYSTEM},
                                                    {"role": "user", "content": q}], add_generation_prompt=True))

@@ -43,7 +43,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pages: torch.Te
 
 
 @pytest.mark.parametrize("dim", cpu_kernels.HEAD_DIMS)
-@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (4, 4), (16, 1)])
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (4, 4), (16, 1), (32, 8), (32, 4)])  # GQA 3:1 .. 16:1 (Llama 3: 4:1)
 def test_float32_matches_torch(dim: int, heads: int, kv_heads: int) -> None:
     lens = [1, 17, 300, 2049]  # one token, part pages, one span, several spans
     q, k, v, pages, lt = case(lens, heads, kv_heads, dim, torch.float32, seed=dim + heads)

@@ -1,4 +1,4 @@
-"""The ISA forms of the integer-dot kernels (csrc/int4_linear.cpp, csrc/int8_head.cpp): the library
+"""The ISA forms of the integer-dot kernels (csrc/int_dot_linear.cpp, csrc/int8_head.cpp): the library
 built here runs the vector form its CPU flags call for, and a build capped at AVX2
 (KVSTRATA_CPU_ISA=avx2, -march=x86-64-v3; built and run in a fresh process, since one process
 registers the ops once) gives the same bits as this machine's own build for both ops."""
@@ -14,8 +14,9 @@ import torch
 
 from kvstrata.model import cpu_kernels
 from kvstrata.model.cpu_caps import parse_cpuinfo
-from kvstrata.model.int8_head import VnniPack
-from kvstrata.model.q4_weights import VnniInt4
+from kvstrata.model.quant import int_dot
+from kvstrata.model.quant.blocks import IntWeight
+from kvstrata.model.quant.int8_head import Int8HeadPack
 
 REAL_FLAGS = parse_cpuinfo(Path("/proc/cpuinfo").read_text())[1]
 CAPPED = """import sys, torch
@@ -31,20 +32,21 @@ torch.save(outputs(), sys.argv[1])
 
 def outputs() -> dict[str, torch.Tensor]:
     """Both ops on seeded inputs: every row count of a pass (1..8, and past it), both tails of the
-    AVX2 four-row passes, float32 and bf16 activations, the model's own packers."""
+    AVX2 four-row passes, float32 and bf16 activations, every packed format, the model's own packers."""
     g = torch.Generator().manual_seed(0)
     out = {}
-    for n, k in ((48, 96), (3072, 576), (576, 1536)):
-        q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.int32)
-        scale, zero = torch.rand(n, k // 32, generator=g) * 0.02, torch.randn(n, k // 32, generator=g) * 0.05
-        packed = VnniInt4.of(q, scale, zero).packed
+    for bits, (n, k) in ((4, (48, 96)), (4, (3072, 576)), (4, (576, 1536)), (5, (64, 256)), (6, (64, 256)), (8, (64, 256))):
+        group = 16 if bits == 6 else 32
+        q = torch.randint(0, 2**bits, (n, k), generator=g, dtype=torch.uint8)
+        scale, bias = torch.rand(n, k // group, generator=g) * 0.02, torch.randn(n, k // group, generator=g) * 0.05
+        packed = int_dot.pack(IntWeight(q, scale, bias, bits, group))
         for rows in (1, 3, 4, 5, 8, 11):
             x = torch.randn(rows, k, generator=g) * 3
             for dtype in (torch.float32, torch.bfloat16):
-                out[f"int4 {n}x{k} rows={rows} {dtype}"] = torch.ops.kvstrata.int4_linear(x.to(dtype), packed)
+                out[f"q{bits} {n}x{k} rows={rows} {dtype}"] = int_dot.linear(x.to(dtype), [packed])
     for v, k in ((48, 64), (4096, 576)):
         w = torch.randint(-127, 128, (v, k), generator=g, dtype=torch.int8)
-        pack = VnniPack.of(w, torch.rand(v, generator=g) * 0.01)
+        pack = Int8HeadPack.of(w, torch.rand(v, generator=g) * 0.01)
         for rows in (1, 4, 6, 8, 9):
             x = torch.randn(rows, k, generator=g)
             out[f"head {v}x{k} rows={rows}"] = torch.ops.kvstrata.int8_head_logits(x, pack.packed, pack.wsum, pack.wscale)
@@ -77,6 +79,6 @@ def test_an_avx2_build_gives_the_same_bits_as_this_one(tmp_path: Path) -> None:
     assert done.stdout.split() == ["avx2"]  # the AVX2 loops, not the portable ones
     capped = torch.load(tmp_path / "avx2.pt")
     native = outputs()
-    assert capped.keys() == native.keys() and len(native) == 46
+    assert capped.keys() == native.keys() and len(native) == 82
     differ = [name for name in native if not torch.equal(native[name], capped[name])]
     assert not differ, differ

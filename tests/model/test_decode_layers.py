@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from quant_support import quantize_linears, random_raw
 
 from kvstrata.kv.pool import PagePool
 from kvstrata.model import cpu_kernels
 from kvstrata.model.attention import AttentionMetadata, PrefillSeq, make_attention_backend
 from kvstrata.model.llama import LlamaModel
-from kvstrata.model.q4_weights import Q4Weight, read_q4
+from kvstrata.model.quant import int_dot
+from kvstrata.model.quant.blocks import decode_blocks
 from kvstrata.model.weights import load_weights
 
 CPU = torch.device("cpu")
@@ -29,24 +30,21 @@ def built() -> None:
         pytest.fail("this CPU has neither AVX512-VNNI nor AVX2: the int4 kernel (and this op) never run here")
 
 
-def _q4_model(tiny_model_dir: Path, dtype: torch.dtype, bias: bool, **kw: object) -> LlamaModel:
-    """The tiny model with its linears as GGUF Q4_1 (dense copies = the same values), cpu_paged."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize, quantize
+MIXED = lambda name: "Q8_0" if "v_proj" in name else "Q5_1" if "down" in name else "Q4_1"  # noqa: E731
 
+
+def _q4_model(tiny_model_dir: Path, dtype: torch.dtype, bias: bool, kinds: object = lambda name: "Q4_1",
+              **kw: object) -> LlamaModel:
+    """The tiny model with its linears quantized (Q4_1, or `kinds` by name; dense copies = the same
+    values), on our integer-dot tiles, cpu_paged."""
     w = load_weights(tiny_model_dir)
-    q4: dict[str, Q4Weight] = {}
+    tiles, _, tensors = quantize_linears(w.tensors, kinds)  # type: ignore[arg-type]
     g = torch.Generator().manual_seed(5)
-    for name, t in list(w.tensors.items()):
-        if name.endswith("proj.weight"):
-            raw = quantize(t.float().numpy(), GGMLQuantizationType.Q4_1)
-            found = read_q4(raw, "Q4_1", tuple(t.shape))
-            assert found is not None
-            q4[name] = found
-            w.tensors[name] = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q4_1).astype(np.float32))
-            if bias and name.split(".")[-2] in ("q_proj", "k_proj", "v_proj"):  # Qwen2's qkv biases
-                w.tensors[name.replace(".weight", ".bias")] = torch.randn(t.shape[0], generator=g) * 0.1
-    return LlamaModel(w.arch, w.tensors, dtype, CPU, make_attention_backend("cpu_paged"), q4=q4, **kw)
+    if bias:  # Qwen2's qkv biases
+        for name, t in list(tensors.items()):
+            if name.split(".")[-2] in ("q_proj", "k_proj", "v_proj"):
+                tensors[name.replace(".weight", ".bias")] = torch.randn(t.shape[0], generator=g) * 0.1
+    return LlamaModel(w.arch, tensors, dtype, CPU, make_attention_backend("cpu_paged"), tiles=tiles, **kw)
 
 
 def _decode_meta(slots: list[int], pages: list[list[int]], lens: list[int]) -> AttentionMetadata:
@@ -58,11 +56,13 @@ def _decode_meta(slots: list[int], pages: list[list[int]], lens: list[int]) -> A
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("bias", [False, True])
-def test_one_op_gives_the_python_loops_bits(tiny_model_dir: Path, dtype: torch.dtype, bias: bool) -> None:
-    model = _q4_model(tiny_model_dir, dtype, bias)
+@pytest.mark.parametrize("bias,mixed", [(False, False), (True, False), (False, True)])
+def test_one_op_gives_the_python_loops_bits(tiny_model_dir: Path, dtype: torch.dtype, bias: bool, mixed: bool) -> None:
+    """`mixed`: v in another block type than q and k, o and gate/up Q4_1, down Q5_1."""
+    model = _q4_model(tiny_model_dir, dtype, bias, MIXED if mixed else lambda name: "Q4_1")
     op = model.decode_layers
-    assert op is not None and model.uses_vnni
+    assert op is not None and model.uses_int_dot
+    assert [p.shape[2] for p in model.layers[0].qkv.quant.parts] == ([320, 320, 576] if mixed else [320] * 3)
     a = model.arch
     pool = PagePool(16, PS, a.num_layers, a.num_kv_heads, a.head_dim, dtype)
     pages = [[3, 1, 6, 9], [2, 7, 11, 4]]  # two sequences, pages out of order
@@ -95,10 +95,56 @@ def test_one_op_gives_the_python_loops_bits(tiny_model_dir: Path, dtype: torch.d
 
 def test_only_where_every_piece_of_it_applies(tiny_model_dir: Path) -> None:
     assert _q4_model(tiny_model_dir, torch.bfloat16, False, fused_decode_layers=False).decode_layers is None
-    assert _q4_model(tiny_model_dir, torch.bfloat16, False, fused_ops=False).decode_layers is None  # torch's int4 kernel
+    assert _q4_model(tiny_model_dir, torch.bfloat16, False, fused_ops=False).decode_layers is None  # no fused ops
     w = load_weights(tiny_model_dir)
     dense = LlamaModel(w.arch, w.tensors, torch.bfloat16, CPU, make_attention_backend("cpu_paged"))
-    assert dense.decode_layers is None  # no int4 weights
+    assert dense.decode_layers is None  # no quantized weights
     mixed = _decode_meta([1], [[0]], [2])
     mixed.prefill = [PrefillSeq(1, 3, 3, torch.tensor([1]))]  # a prefill chunk in the step: the Python loop
     assert not _q4_model(tiny_model_dir, torch.bfloat16, False).decode_layers.applies(mixed, 4)
+
+
+def _real_shape_model(hidden: int, heads: int, kv_heads: int, dtype: torch.dtype) -> LlamaModel:
+    """Two layers of a real model's width and GQA (vocabulary cut to 512), K-quant tiles only (as a
+    Q4_K_M file: Q6_K for v and down), no dense copies: prefill dequantizes, decode runs the tiles."""
+    from kvstrata.model.arch import ModelArch
+
+    ffn = 2 * hidden
+    arch = ModelArch("llama", 512, hidden, ffn, 2, heads, kv_heads, hidden // heads, 500000.0, 1e-5, 4096, True)
+    kv = kv_heads * arch.head_dim
+    shapes = {"self_attn.q_proj": (hidden, hidden), "self_attn.k_proj": (kv, hidden), "self_attn.v_proj": (kv, hidden),
+              "self_attn.o_proj": (hidden, hidden), "mlp.gate_proj": (ffn, hidden), "mlp.up_proj": (ffn, hidden),
+              "mlp.down_proj": (hidden, ffn)}
+    tiles, tensors = {}, {}
+    for i in range(2):
+        for part, (n, k) in shapes.items():
+            kind = "Q6_K" if part in ("self_attn.v_proj", "mlp.down_proj") else "Q4_K"
+            tiles[f"model.layers.{i}.{part}.weight"] = int_dot.pack(decode_blocks(random_raw(kind, n, k, i, 2e-4), kind, (n, k)))
+        tensors[f"model.layers.{i}.input_layernorm.weight"] = torch.ones(hidden)
+        tensors[f"model.layers.{i}.post_attention_layernorm.weight"] = torch.ones(hidden)
+    tensors["model.norm.weight"] = torch.ones(hidden)
+    tensors["model.embed_tokens.weight"] = torch.randn(512, hidden, generator=torch.Generator().manual_seed(0))
+    return LlamaModel(arch, tensors, dtype, CPU, make_attention_backend("cpu_paged"), tiles=tiles)
+
+
+@pytest.mark.parametrize("hidden,heads,kv_heads", [(2048, 32, 8), (4096, 32, 4)])  # Llama 3.2 1B (4:1); 8:1, head dim 128
+def test_one_op_at_real_widths_and_gqa(hidden: int, heads: int, kv_heads: int) -> None:
+    model = _real_shape_model(hidden, heads, kv_heads, torch.float32)
+    op = model.decode_layers
+    assert op is not None and not model.dense_linears and [p.shape[2] for p in model.layers[0].qkv.quant.parts] == [320, 320, 512]
+    a = model.arch
+    pool = PagePool(16, PS, a.num_layers, a.num_kv_heads, a.head_dim, torch.float32)
+    pages, n = [[3, 1, 6, 9, 2]], 13
+    slot = lambda p: pages[0][p // PS] * PS + p % PS  # noqa: E731
+    ids = torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(2))
+    prefill = AttentionMetadata(PS, torch.tensor([slot(p) for p in range(n)]), [PrefillSeq(0, n, n, torch.tensor(pages[0][:4]))])
+    model.forward(ids, torch.arange(n), prefill, pool.k, pool.v, torch.tensor([n - 1]))  # a wide step: dequantized
+    meta = _decode_meta([slot(n)], pages, [n + 1])
+    got = {}
+    for mode in ("op", "loop"):
+        k, v = [t.clone() for t in pool.k], [t.clone() for t in pool.v]
+        model.decode_layers = op if mode == "op" else None
+        got[mode] = (model.forward(torch.tensor([7]), torch.tensor([n]), meta, k, v, torch.tensor([0])), k, v)
+    assert torch.isfinite(got["op"][0]).all()
+    assert torch.equal(got["op"][0], got["loop"][0])
+    assert all(torch.equal(x, y) for x, y in zip(got["op"][1] + got["op"][2], got["loop"][1] + got["loop"][2]))

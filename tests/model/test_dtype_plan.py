@@ -52,7 +52,7 @@ def test_log_line_is_key_value() -> None:
     line = plan_dtype("auto", cpu=c, speeds=no_benchmark).log_line(c, int4_decode=True)
     fields = dict(f.split("=", 1) for f in line.split()[1:])
     assert line.startswith("dtype_plan ")
-    assert fields["dtype"] == "float32" and fields["prefill"] == "float32" and fields["decode"] == "int4"
+    assert fields["dtype"] == "float32" and fields["prefill"] == "float32" and fields["decode"] == "quantized"
     assert fields["avx2"] == "1" and fields["avx512_bf16"] == "0" and fields["cpu_model"] == "Fake_CPU"
 
 

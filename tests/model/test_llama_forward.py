@@ -72,27 +72,6 @@ def test_forward_matches_transformers(kind: str, tmp_path: Path) -> None:
         torch.testing.assert_close(got[0], want[pos], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("rows", [9, 133, 700])
-@pytest.mark.parametrize("bias", [False, True])  # Qwen2's qkv has one
-def test_prepacked_dense_linear_matches_f_linear(rows: int, bias: bool) -> None:
-    from kvstrata.model.llama import linear, prepack_dense, prepack_supported
-
-    assert prepack_supported(torch.device("cpu"), torch.bfloat16) == BF16_REORDER
-    g = torch.Generator().manual_seed(rows)
-    w = torch.randn(96, 64, generator=g).bfloat16()
-    x = torch.randn(rows, 64, generator=g).bfloat16()
-    b = torch.randn(96, generator=g).bfloat16() if bias else None
-    if not BF16_REORDER:  # what prepack_supported saw: the models here keep the plain weights
-        with pytest.raises(RuntimeError):
-            prepack_dense(w)
-        return
-    packed = prepack_dense(w)
-    assert packed.is_mkldnn
-    got, want = linear(x, packed, None, b), torch.nn.functional.linear(x, w, b)
-    assert got.dtype == torch.bfloat16 and got.shape == (rows, 96)
-    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=1e-2)  # the same GEMM: bits here
-
-
 def test_only_bf16_cpu_models_with_fused_ops_prepack(tmp_path: Path) -> None:
     _save("qwen2", tmp_path)
     w = load_weights(tmp_path)
@@ -101,7 +80,7 @@ def test_only_bf16_cpu_models_with_fused_ops_prepack(tmp_path: Path) -> None:
     off = LlamaModel(w.arch, dict(w.tensors), torch.bfloat16, cpu, attn, fused_ops=False)
     exact = LlamaModel(w.arch, dict(w.tensors), torch.float32, cpu, attn)
     assert (fused.prepacked, off.prepacked, exact.prepacked) == (BF16_REORDER, False, False)
-    assert fused.layers[0].qkv.is_mkldnn == BF16_REORDER and not off.layers[0].qkv.is_mkldnn
+    assert fused.layers[0].qkv.dense.is_mkldnn == BF16_REORDER and not off.layers[0].qkv.dense.is_mkldnn
     ps, n = 4, 10
     ids = torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(3))
     logits = []

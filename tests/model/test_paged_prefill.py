@@ -49,6 +49,7 @@ def test_the_kernel_is_there_exactly_where_the_cpu_has_avx512_bf16() -> None:
     (1, 1, 9, 3, 64), (5, 5, 9, 3, 64), (100, 100, 9, 3, 64), (2048, 2048, 9, 3, 64),  # whole prompts
     (37, 300, 9, 3, 64), (1, 977, 9, 3, 64), (64, 1000, 4, 4, 128),  # chunks over a cached prefix
     (33, 33, 16, 1, 16), (70, 90, 8, 2, 32), (20, 40, 2, 1, 256),
+    (96, 300, 32, 8, 64), (64, 200, 32, 4, 128),  # Llama 3.2 1B (GQA 4:1), an 8:1 model at head dim 128
 ])
 def test_matches_sdpa_on_the_same_pages(n: int, kv_len: int, heads: int, kv_heads: int, dim: int) -> None:
     q, k, v, pages = case(n, kv_len, heads, kv_heads, dim, seed=n + kv_len)

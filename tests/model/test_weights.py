@@ -12,7 +12,7 @@ import torch
 
 from kvstrata.model.arch import ModelArch
 from kvstrata.model.gguf_header import gguf_identity, read_gguf_header
-from kvstrata.model.gguf_loader import permute_rope_rows, unpermute_rope_rows
+from kvstrata.model.gguf_loader import unpermute_rope_rows
 from kvstrata.model.weights import LoadedWeights, expected_tensor_names, load_weights
 
 
@@ -130,6 +130,13 @@ def test_tiny_qwen3_folder_qk_norm_and_head_dim(tmp_path: Path) -> None:
 _GGUF_BLOCK = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
                "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down",
                "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+
+
+def permute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """llama.cpp's Q/K row permutation (what its converter applies); the inverse of `unpermute_rope_rows`."""
+    half = weight.shape[0] // num_heads // 2
+    w = weight.reshape(num_heads, 2, half, *weight.shape[1:])  # [heads, 2, half, in]
+    return w.transpose(1, 2).reshape(weight.shape).contiguous()
 
 
 def _gguf_name(hf: str) -> str:

@@ -1,4 +1,4 @@
-// Every layer of a pure decode step (one new token per row, every linear on our int4 kernel) in one
+// Every layer of a pure decode step (one new token per row, every linear on our integer-dot kernel) in one
 // op call: the ~11 ops a layer that LlamaModel.forward would launch from Python, run from here in
 // the same order on the same kernels, so the same bits. Each op launched from Python costs ~4-5 us
 // of dispatch and interpreter around its kernel (measured on the Zen 4 EPYC: a 576-wide rms_norm
@@ -7,22 +7,27 @@
 // (found once), which skip Python altogether.
 //
 // Per layer, with h the normed input and x the residual stream (updated in place):
-//   qkv = int4_linear(h, Wqkv) (+ bias); q = rope_store(qkv -> K/V cache rows `slots`)
-//   o = paged_decode(q, caches, pages, lens); h = add_rms_norm(x += int4_linear(o, Wo), post_norm)
-//   act = silu(gate) * up of int4_linear(h, Wgate_up); mlp = int4_linear(act, Wdown)
+//   qkv = int_dot_linear(h, Wqkv) (+ bias); q = rope_store(qkv -> K/V cache rows `slots`)
+//   o = paged_decode(q, caches, pages, lens); h = add_rms_norm(x += int_dot_linear(o, Wo), post_norm)
+//   act = silu(gate) * up of int_dot_linear(h, Wgate_up); mlp = int_dot_linear(act, Wdown)
 //   h = add_rms_norm(x += mlp, next layer's input norm), or x += mlp after the last layer
-// `weights` holds 7 tensors a layer: qkv, o, gate_up, down (csrc/int4_linear.cpp's packing), the qkv
-// bias (empty: none), post_norm, the next layer's input norm (empty after the last). Registered as
+// `weights` holds 10 tensors a layer: the packed parts (csrc/int_dot_common.h) of qkv (3 slots), o (1),
+// gate_up (2), down (1), a slot empty where a linear has fewer parts (one part where q, k and v share
+// a block type); the qkv bias (empty: none), post_norm, the next layer's input norm (empty after the
+// last). Registered as
 // torch.ops.kvstrata.decode_layers; model/llama.py calls it where every piece of it applies.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <vector>
+
 namespace {
 
-constexpr int64_t kPerLayer = 7;
+constexpr int64_t kPerLayer = 10;
+constexpr int64_t kBias = 7, kPostNorm = 8, kNextNorm = 9;
 
-using Int4Fn = at::Tensor(const at::Tensor&, const at::Tensor&);
+using LinearFn = at::Tensor(const at::Tensor&, at::TensorList);
 using AddNormFn = at::Tensor(at::Tensor&, const at::Tensor&, const at::Tensor&, double);
 using RopeFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&,
                           const at::Tensor&, int64_t, int64_t);
@@ -36,7 +41,7 @@ c10::TypedOperatorHandle<Fn> op(const char* name) {
 }
 
 struct Ops {  // the kernels' ops, found once (they are registered by the other sources of this library)
-  c10::TypedOperatorHandle<Int4Fn> int4 = op<Int4Fn>("kvstrata::int4_linear");
+  c10::TypedOperatorHandle<LinearFn> linear = op<LinearFn>("kvstrata::int_dot_linear");
   c10::TypedOperatorHandle<AddNormFn> add_norm = op<AddNormFn>("kvstrata::add_rms_norm");
   c10::TypedOperatorHandle<RopeFn> rope = op<RopeFn>("kvstrata::rope_store");
   c10::TypedOperatorHandle<DecodeFn> attend = op<DecodeFn>("kvstrata::paged_decode");
@@ -46,6 +51,15 @@ struct Ops {  // the kernels' ops, found once (they are registered by the other 
 const Ops& ops() {
   static const Ops found;
   return found;
+}
+
+// the non-empty slots [first, first + count) of a layer's weights: one linear's packed parts
+std::vector<at::Tensor> parts(const at::Tensor* w, int64_t first, int64_t count) {
+  std::vector<at::Tensor> out;
+  for (int64_t i = first; i < first + count; ++i)
+    if (w[i].numel()) out.push_back(w[i]);
+  TORCH_CHECK(!out.empty(), "every linear needs a packed part");
+  return out;
 }
 
 at::Tensor decode_layers(at::Tensor& x, const at::Tensor& h0, at::TensorList weights, at::TensorList k_cache,
@@ -62,13 +76,13 @@ at::Tensor decode_layers(at::Tensor& x, const at::Tensor& h0, at::TensorList wei
   at::Tensor h = h0;
   for (int64_t li = 0; li < layers; ++li) {
     const at::Tensor* w = weights.data() + kPerLayer * li;
-    at::Tensor qkv = k.int4.call(h, w[0]);
-    if (w[4].numel()) qkv = qkv + w[4];
+    at::Tensor qkv = k.linear.call(h, parts(w, 0, 3));
+    if (w[kBias].numel()) qkv = qkv + w[kBias];
     at::Tensor kc = k_cache[li], vc = v_cache[li];
     const at::Tensor q = k.rope.call(qkv, cos, sin, kc, vc, slots, H, Hkv);
     const at::Tensor o = k.attend.call(q, kc, vc, pages, lens, page_size);
-    h = k.add_norm.call(x, k.int4.call(o.reshape({T, -1}), w[1]), w[5], eps);
-    const at::Tensor gate_up = k.int4.call(h, w[2]);
+    h = k.add_norm.call(x, k.linear.call(o.reshape({T, -1}), parts(w, 3, 1)), w[kPostNorm], eps);
+    const at::Tensor gate_up = k.linear.call(h, parts(w, 4, 2));
     at::Tensor act;
     if (fused_silu) {
       act = k.silu_mul.call(gate_up);
@@ -76,9 +90,9 @@ at::Tensor decode_layers(at::Tensor& x, const at::Tensor& h0, at::TensorList wei
       const auto parts = gate_up.chunk(2, -1);
       act = at::silu(parts[0]) * parts[1];
     }
-    const at::Tensor mlp = k.int4.call(act, w[3]);
-    if (w[6].numel()) {
-      h = k.add_norm.call(x, mlp, w[6], eps);
+    const at::Tensor mlp = k.linear.call(act, parts(w, 6, 1));
+    if (w[kNextNorm].numel()) {
+      h = k.add_norm.call(x, mlp, w[kNextNorm], eps);
     } else {
       x.add_(mlp);
     }

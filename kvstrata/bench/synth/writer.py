@@ -1,0 +1,96 @@
+"""Write a random-weight GGUF of a `ModelShape` tensor by tensor (header first, then each tensor's bytes
+as it is made), so even an 8B model never sits whole in memory.
+
+Tensor names and metadata are llama.cpp's; the tokenizer (vocabulary, merges, chat template) is copied
+from another GGUF (SmolLM2's). Weights are random blocks (random_blocks.py) of the type `types(name)`
+gives, norms are ones and Qwen2's q/k/v biases small random values. Q/K rows are not permuted as
+llama.cpp's converter permutes real checkpoints: for random values that changes nothing.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from kvstrata.bench.synth.random_blocks import random_blocks
+from kvstrata.bench.synth.shapes import ModelShape
+from kvstrata.model.quant.blocks import BLOCK_TYPES
+
+# scale of each type's float16 fields: weights of a few hundredths, activations that stay finite over
+# every layer (Q8_0's d times values up to 127; K-quants' d times 6-bit scales, times values up to 63)
+SCALES = {"Q8_0": 2e-4, "Q4_0": 4e-3, "Q4_1": 4e-3, "Q5_0": 2e-3, "Q5_1": 2e-3, "Q4_K": 1e-4, "Q5_K": 5e-5,
+          "Q6_K": 5e-5}
+
+
+def tensor_shapes(shape: ModelShape) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """(GGUF name, torch-order shape) of every tensor, in llama.cpp's order."""
+    h, kv, d = shape.hidden, shape.kv_heads * shape.head_dim, shape.heads * shape.head_dim
+    yield "token_embd.weight", (shape.vocab, h)
+    for i in range(shape.layers):
+        yield f"blk.{i}.attn_norm.weight", (h,)
+        yield f"blk.{i}.attn_q.weight", (d, h)
+        yield f"blk.{i}.attn_k.weight", (kv, h)
+        yield f"blk.{i}.attn_v.weight", (kv, h)
+        if shape.arch == "qwen2":
+            yield f"blk.{i}.attn_q.bias", (d,)
+            yield f"blk.{i}.attn_k.bias", (kv,)
+            yield f"blk.{i}.attn_v.bias", (kv,)
+        yield f"blk.{i}.attn_output.weight", (h, d)
+        yield f"blk.{i}.ffn_norm.weight", (h,)
+        yield f"blk.{i}.ffn_gate.weight", (shape.ffn, h)
+        yield f"blk.{i}.ffn_up.weight", (shape.ffn, h)
+        yield f"blk.{i}.ffn_down.weight", (h, shape.ffn)
+    yield "output_norm.weight", (h,)
+    if not shape.tied:
+        yield "output.weight", (shape.vocab, h)
+
+
+def write_gguf(path: Path, shape: ModelShape, types: Callable[[str], str], tokenizer_from: Path, seed: int = 0) -> None:
+    """Write the model to `path`; `types(name)` is the block type of each 2-D weight (BLOCK_TYPES)."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(str(path), shape.arch)
+    a = shape.arch
+    for key, value in {"block_count": shape.layers, "context_length": shape.context, "embedding_length": shape.hidden,
+                       "feed_forward_length": shape.ffn, "attention.head_count": shape.heads,
+                       "attention.head_count_kv": shape.kv_heads, "rope.dimension_count": shape.head_dim,
+                       "vocab_size": shape.vocab}.items():
+        writer.add_uint32(f"{a}.{key}", value)
+    writer.add_float32(f"{a}.rope.freq_base", shape.rope_theta)
+    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_string("general.name", f"kvstrata synthetic {a} {shape.hidden}x{shape.layers}")
+    _copy_tokenizer(writer, tokenizer_from)
+    plan = list(tensor_shapes(shape))
+    for name, dims in plan:
+        if len(dims) == 1:
+            writer.add_tensor_info(name, dims, np.dtype(np.float32), 4 * dims[0])
+        else:
+            kind = types(name)
+            per, nbytes, _, _ = BLOCK_TYPES[kind]
+            row = dims[1] // per * nbytes
+            writer.add_tensor_info(name, (dims[0], row), np.dtype(np.uint8), dims[0] * row,
+                                   raw_dtype=gguf.GGMLQuantizationType[kind])
+    writer.write_header_to_file(path)
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for name, dims in plan:
+        if len(dims) == 1:
+            data = np.ones(dims, np.float32) if "norm" in name else (rng.standard_normal(dims) * 0.02).astype(np.float32)
+        else:
+            kind = types(name)
+            data = random_blocks(kind, dims[0], dims[1], rng, SCALES[kind])
+        writer.write_tensor_data(data)
+    writer.close()
+
+
+def _copy_tokenizer(writer: object, source: Path) -> None:
+    import gguf
+
+    reader = gguf.GGUFReader(str(source))
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer."):
+            vtype = field.types[0]
+            sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(key, field.contents(), vtype, sub)  # type: ignore[attr-defined]

@@ -1,0 +1,169 @@
+// The packed layout of csrc/int_dot_linear.cpp and csrc/int_dot_dequant.cpp (model/quant/int_dot.py packs it),
+// and the activations' quantization the linear op shares across its parts.
+//
+// A weight is w = scale * q + bias per group, q unsigned (model/quant/blocks.py). It is held per block of
+// 16 output rows x 32 inputs (a "tile"), in one of four formats named by the bits of q:
+//   q4: low plane 256 B                 + 16 scales, 16 biases (float16)           = 320 B  (Q4_0, Q4_1, Q4_K)
+//   q5: low plane 256 B + high  64 B    + 16 scales, 16 biases                     = 384 B  (Q5_0, Q5_1, Q5_K)
+//   q6: low plane 256 B + high 128 B    + 2 x 16 scales, 2 x 16 biases (group 16)  = 512 B  (Q6_K)
+//   q8: low plane 256 B + high 256 B    + 16 scales, 16 biases                     = 576 B  (Q8_0)
+// Low plane: four 64-byte vectors v; byte 4i + b of vector v holds q & 15 of row i at input 4v + b in its
+// low nibble and at input 16 + 4v + b in its high nibble, so one load and a mask or a shift feed 16 rows'
+// lanes (4 inputs a 32-bit lane). The high bits (q >> 4) take the same arrangement, H[v], packed:
+//   q8: H[v] as is (4 x 64 B); q6: P[u] = H[2u] | H[2u+1] << 2 (2 x 64 B); q5: P = H0 | H1 << 1 | H2 << 2 | H3 << 3.
+// Scales and biases: per group (q6: inputs 0-15, then 16-31), 16 float16 (one a row), then the biases alike.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+namespace kvstrata_int_dot {
+
+constexpr int kLanes = 16;      // output rows per tile
+constexpr int kGroup = 32;      // inputs per tile (and per activation block)
+constexpr int kLowBytes = 256;  // the low plane of a tile
+constexpr float kMax16 = 127 * 256 + 127;  // |x16| bound: both of its bytes stay in -128..127
+
+struct Format {
+  int high_bits;  // 0 (q4), 1 (q5), 2 (q6), 4 (q8)
+  int groups;     // scale groups a tile's row holds: 1, or 2 (q6: 16 inputs each)
+  int64_t high_bytes() const { return 64 * high_bits; }
+  int64_t bytes() const { return kLowBytes + high_bytes() + 2 * 2 * kLanes * groups; }
+};
+
+constexpr Format kQ4{0, 1}, kQ5{1, 1}, kQ6{2, 2}, kQ8{4, 1};
+
+// The format of a packed tensor [N / 16, K / 32, bytes], by its tile size.
+inline Format format_of(const at::Tensor& packed) {
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 3,
+              "packed: a contiguous uint8 [N / 16, K / 32, tile bytes] tensor");
+  for (const Format f : {kQ4, kQ5, kQ6, kQ8})
+    if (packed.size(2) == f.bytes()) return f;
+  TORCH_CHECK(false, "packed: tile bytes ", packed.size(2), " is none of 320 (q4), 384 (q5), 512 (q6), 576 (q8)");
+  return kQ4;
+}
+
+inline int32_t load4(const int8_t* p) {  // four activation bytes as one lane (memcpy: no aliasing through int32_t*)
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+struct Activations {  // x quantized per row and block of 32: x = scale * (256 hi + lo)
+  std::vector<int8_t> hi, lo;  // [rows, K]
+  std::vector<float> scale, sum;  // [rows, K / 32]: the scale, the float sum of the block's x
+  std::vector<float> sum16;  // [rows, K / 16]: the sums of each half block (q6's groups)
+};
+
+// The float sums of a block of 32 in one fixed order (vector and portable code alike, so every form
+// gives the same bits): a[l] = x[l] + x[8 + l], b[l] = x[16 + l] + x[24 + l] for l < 8; each half is
+// ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)) of its a or b; the block's sum is half0 + half1.
+inline float sum8(const float* v) {
+  return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+}
+
+// one block of 32 values -> its scale, sums and 16-bit integers as hi/lo bytes
+inline void quantize_block(const float* xb, float& scale, float& sum, float* half, int8_t* hi, int8_t* lo) {
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 y[4];
+  for (int v = 0; v < 4; ++v) y[v] = _mm256_loadu_ps(xb + 8 * v);
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, y[0]), _mm256_andnot_ps(sign, y[1])),
+                           _mm256_max_ps(_mm256_andnot_ps(sign, y[2]), _mm256_andnot_ps(sign, y[3])));
+  alignas(32) float lanes[8], a[8], b[8];
+  _mm256_store_ps(lanes, m);
+  _mm256_store_ps(a, _mm256_add_ps(y[0], y[1]));
+  _mm256_store_ps(b, _mm256_add_ps(y[2], y[3]));
+  float amax = 0.f;
+  for (float l : lanes) amax = std::max(amax, l);
+  half[0] = sum8(a);
+  half[1] = sum8(b);
+  sum = half[0] + half[1];
+  scale = amax > 0.f ? amax / kMax16 : 1.f;
+  const __m256 s = _mm256_set1_ps(scale), top = _mm256_set1_ps(kMax16), bottom = _mm256_set1_ps(-kMax16);
+  __m256i h[4], l[4];
+  for (int v = 0; v < 4; ++v) {
+    const __m256 r = _mm256_round_ps(_mm256_div_ps(y[v], s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i q = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, bottom), top));
+    h[v] = _mm256_srai_epi32(_mm256_add_epi32(q, _mm256_set1_epi32(128)), 8);  // floor: lo in -128..127
+    l[v] = _mm256_sub_epi32(q, _mm256_slli_epi32(h[v], 8));
+  }
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undo packs' per-lane interleave
+  auto bytes = [&](const __m256i* t) {
+    return _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(t[0], t[1]), _mm256_packs_epi32(t[2], t[3])), order);
+  };
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi), bytes(h));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo), bytes(l));
+#else
+  float amax = 0.f, a[8], b[8];
+  for (int t = 0; t < kGroup; ++t) amax = std::max(amax, std::fabs(xb[t]));
+  for (int t = 0; t < 8; ++t) {
+    a[t] = xb[t] + xb[8 + t];
+    b[t] = xb[16 + t] + xb[24 + t];
+  }
+  half[0] = sum8(a);
+  half[1] = sum8(b);
+  sum = half[0] + half[1];
+  scale = amax > 0.f ? amax / kMax16 : 1.f;
+  for (int t = 0; t < kGroup; ++t) {
+    const int x16 = static_cast<int>(std::clamp(std::nearbyint(xb[t] / scale), -kMax16, kMax16));
+    const int h = (x16 + 128) >> 8;  // floor: lo = x16 - 256 hi in -128..127
+    hi[t] = static_cast<int8_t>(h);
+    lo[t] = static_cast<int8_t>(x16 - 256 * h);
+  }
+#endif
+}
+
+template <typename scalar_t>
+Activations quantize(const scalar_t* x, int64_t rows, int64_t K) {
+  const int64_t nb = K / kGroup;
+  Activations a{std::vector<int8_t>(rows * K), std::vector<int8_t>(rows * K), std::vector<float>(rows * nb),
+                std::vector<float>(rows * nb), std::vector<float>(rows * nb * 2)};
+  at::parallel_for(0, rows, 16, [&](int64_t first, int64_t last) {  // a prefill's rows over the threads
+    float block[kGroup];
+    for (int64_t r = first; r < last; ++r) {
+      for (int64_t j = 0; j < nb; ++j) {
+        const scalar_t* xb = x + r * K + j * kGroup;
+        const float* f = block;
+        if constexpr (std::is_same_v<scalar_t, float>) {
+          f = xb;
+        } else {
+          for (int t = 0; t < kGroup; ++t) block[t] = static_cast<float>(xb[t]);
+        }
+        const int64_t at = r * nb + j, off = r * K + j * kGroup;
+        quantize_block(f, a.scale[at], a.sum[at], &a.sum16[2 * at], &a.hi[off], &a.lo[off]);
+      }
+    }
+  });
+  return a;
+}
+
+// q of row i (0..15) at input t (0..31) of the tile at w, in format f (portable code and the dequant op)
+inline int tile_q(const uint8_t* w, Format f, int i, int t) {
+  const int side = t / 16, v = (t % 16) / 4, b = t % 4, at = 4 * i + b;
+  int q = (w[64 * v + at] >> (4 * side)) & 0x0F;
+  const uint8_t* hp = w + kLowBytes;
+  int high = 0;
+  if (f.high_bits == 4) {
+    high = w[kLowBytes + 64 * v + at];
+  } else if (f.high_bits == 2) {
+    high = (hp[64 * (v / 2) + at] >> (2 * (v % 2))) & 0x33;
+  } else if (f.high_bits == 1) {
+    high = (hp[at] >> v) & 0x11;
+  }
+  return q | (((high >> (4 * side)) & 0x0F) << 4);
+}
+
+}  // namespace kvstrata_int_dot

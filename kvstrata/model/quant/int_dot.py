@@ -1,0 +1,124 @@
+"""Quantized weights in the layout of our integer-dot kernels (csrc/int_dot_common.h), and their ops.
+
+`pack(w)` turns an `IntWeight` (blocks.py) into uint8 [N / 16, K / 32, tile bytes]: per tile of 16 output
+rows x 32 inputs, the low nibbles of q, its high bits (q5, q6, q8), then float16 scales and biases. It
+packs in chunks of rows, so the only full-size tensor it makes is the result. Tile bytes per 512 weights:
+q4 320 (5.0 bits a weight; the GGUF's Q4_K is 4.5), q5 384 (6.0; Q5_K 5.5), q6 512 (8.0; Q6_K 6.56),
+q8 576 (9.0; Q8_0 8.5). Scales and biases the GGUF stores as float16 (d, m) are exact; products such as
+Q4_K's d * sc take one float16 rounding (relative 2^-11, far below the 4-bit step).
+`linear(x, parts)` runs several packed weights (a fused q/k/v or gate/up, each part of its own type) on x;
+`dequantize(packed, rows, out)` writes rows of one as dense values.
+"""
+from __future__ import annotations
+
+import torch
+
+import numpy as np
+
+from kvstrata.model.quant.blocks import BLOCK_TYPES, IntWeight, decode_blocks
+
+LANES, GROUP = 16, 32  # output rows and inputs per tile
+# bits of q -> (format name, high bits kept beside the low nibble, scale groups per tile row, tile bytes)
+FORMATS: dict[int, tuple[str, int, int, int]] = {4: ("q4", 0, 1, 320), 5: ("q5", 1, 1, 384),
+                                                 6: ("q6", 2, 2, 512), 8: ("q8", 4, 1, 576)}
+PACK_ROWS = 2048  # rows packed at a time: bounds the temporaries of a large tensor (an 8B model's embedding)
+
+
+def packable(w: IntWeight) -> str | None:
+    """None if `w` fits the kernels' tiles, else why not."""
+    return _packable(w.bits, w.group, *w.q.shape)
+
+
+def _packable(bits: int, group: int, n: int, k: int) -> str | None:
+    if bits not in FORMATS or group != (16 if bits == 6 else 32):
+        return f"{bits}-bit values in groups of {group}"
+    if n % LANES or k % GROUP:
+        return f"shape [{n}, {k}] (rows must be a multiple of {LANES}, columns of {GROUP})"
+    return None
+
+
+def tile_bytes(bits: int) -> int:
+    return FORMATS[bits][3]
+
+
+def format_name(packed: torch.Tensor) -> str:
+    return next(name for name, _, _, size in FORMATS.values() if size == packed.shape[2])
+
+
+def raw_packable(type_name: str, shape: tuple[int, ...]) -> bool:
+    """Whether a GGUF tensor of this block type and shape [N, K] packs (without decoding it)."""
+    spec = BLOCK_TYPES.get(type_name)
+    if spec is None or len(shape) != 2:
+        return False
+    per, _, bits, group = spec
+    return shape[1] % per == 0 and _packable(bits, group, shape[0], shape[1]) is None
+
+
+def pack_raw(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> torch.Tensor:
+    """A GGUF tensor's raw blocks [N, bytes a row] -> tiles, decoded and packed PACK_ROWS rows at a time
+    (so a large tensor never exists unpacked); raises ValueError as `pack` does."""
+    n, k = shape
+    bits = BLOCK_TYPES[type_name][2]
+    out = torch.empty(n // LANES, k // GROUP, tile_bytes(bits), dtype=torch.uint8)
+    for r in range(0, n, PACK_ROWS):
+        w = decode_blocks(raw[r:r + PACK_ROWS], type_name, shape)
+        out[r // LANES:(r + w.q.shape[0]) // LANES] = pack(w)
+    return out
+
+
+def pack(w: IntWeight) -> torch.Tensor:
+    """w -> uint8 [N / 16, K / 32, tile bytes] (raises ValueError where `packable` says no, or where a
+    scale or bias overflows float16)."""
+    why = packable(w)
+    if why:
+        raise ValueError(f"cannot pack {why}")
+    n, k = w.q.shape
+    out = torch.empty(n // LANES, k // GROUP, tile_bytes(w.bits), dtype=torch.uint8)
+    for r in range(0, n, PACK_ROWS):
+        rows = slice(r, min(n, r + PACK_ROWS))
+        out[r // LANES:rows.stop // LANES] = _pack_rows(w.q[rows], w.scale[rows], w.bias[rows], w.bits)
+    return out
+
+
+def _pack_rows(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, bits: int) -> torch.Tensor:
+    _, high_bits, groups, _ = FORMATS[bits]
+    n, k = q.shape
+    rb, kb = n // LANES, k // GROUP
+    # [row block, row i, k-block j, side (inputs 0-15 or 16-31), vector v, byte b] -> [rb, j, v, i, b]
+    q6 = q.view(rb, LANES, kb, 2, 4, 4)
+
+    def plane(t: torch.Tensor) -> torch.Tensor:  # side 0 in the low nibble, side 1 in the high one: [rb, kb, 4, 64]
+        return (t[:, :, :, 0] | (t[:, :, :, 1] << 4)).permute(0, 2, 3, 1, 4).reshape(rb, kb, 4, 4 * LANES)
+
+    parts = [plane(q6 & 0x0F).reshape(rb, kb, 256)]
+    if high_bits:
+        h = plane(q6 >> 4)  # H[v]
+        if high_bits == 2:
+            h = h[:, :, 0::2] | (h[:, :, 1::2] << 2)
+        elif high_bits == 1:
+            h = h[:, :, 0] | (h[:, :, 1] << 1) | (h[:, :, 2] << 2) | (h[:, :, 3] << 3)
+        parts.append(h.reshape(rb, kb, -1))
+    for t in (scale, bias):  # [n, k / group] -> [rb, kb, groups, 16] float16, as bytes
+        halves = t.view(rb, LANES, kb, groups).permute(0, 2, 3, 1).to(torch.float16)
+        if not torch.isfinite(halves).all():
+            raise ValueError("cannot pack: a scale or bias overflows float16")
+        parts.append(halves.contiguous().view(torch.uint8).reshape(rb, kb, 2 * LANES * groups))
+    return torch.cat(parts, dim=-1)
+
+
+def linear(x: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
+    """x [T, K] -> [T, sum of the parts' N] in x's dtype: x @ W.T for the row-concatenation of `parts`."""
+    return torch.ops.kvstrata.int_dot_linear(x.contiguous(), parts)
+
+
+_ALL = torch.empty(0, dtype=torch.long)
+
+
+def dequantize(packed: torch.Tensor, dtype: torch.dtype, rows: torch.Tensor | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """The dense rows `rows` (default all) of `packed` [N, K] in `dtype`, written into `out` if given."""
+    n = packed.shape[0] * LANES if rows is None else rows.numel()
+    if out is None:
+        out = torch.empty(n, packed.shape[1] * GROUP, dtype=dtype)
+    torch.ops.kvstrata.int_dot_dequant(packed, _ALL if rows is None else rows.contiguous(), out)
+    return out

@@ -1,0 +1,144 @@
+"""The integer-dot kernels on packed GGUF blocks (kvstrata/model/quant/int_dot.py, csrc/int_dot_*.cpp):
+packing keeps every value (up to the float16 rounding of products like Q4_K's d * sc), the linear op is
+exact integer arithmetic on its quantized activations for every format, alone and mixed in one call,
+and the dequant op gives the packed values back."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from quant_support import random_raw
+
+from kvstrata.model import cpu_kernels
+from kvstrata.model.quant import int_dot
+from kvstrata.model.quant.blocks import BLOCK_TYPES, IntWeight, decode_blocks
+
+TYPES = sorted(BLOCK_TYPES)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built() -> None:
+    assert cpu_kernels.load_kernels(), "the C++ kernels did not build (see the log)"
+
+
+def weight(type_name: str, n: int, k: int, seed: int = 0) -> IntWeight:
+    return decode_blocks(random_raw(type_name, n, k, seed), type_name, (n, k))
+
+
+def halved(w: IntWeight) -> IntWeight:
+    """w with its scales and biases rounded to float16, as packed."""
+    return IntWeight(w.q, w.scale.half().float(), w.bias.half().float(), w.bits, w.group)
+
+
+def reference(x: torch.Tensor, w: IntWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """What csrc/int_dot_linear.cpp computes, in float64: x per block of 32 to 16-bit integers (max |x|
+    / 32639, half to even), integer dots with q per group, then scale * sx and bias * (the group's sum of
+    x); and the sum of the terms' magnitudes (what bounds the kernel's float32 rounding)."""
+    rows, K = x.shape
+    bound = 127 * 256 + 127
+    xb = x.float().view(rows, K // 32, 32)
+    sx = xb.abs().amax(-1) / bound
+    sx = torch.where(sx > 0, sx, torch.ones_like(sx))
+    xq = torch.round(xb / sx[..., None]).clamp(-bound, bound).double().view(rows, K)
+    g = w.group
+    idot = torch.einsum("rjt,njt->rnj", xq.view(rows, K // g, g), w.q.double().view(-1, K // g, g))
+    sx_g = sx.double().repeat_interleave(32 // g, dim=1)  # [rows, K / g]
+    xsum = x.float().view(rows, K // g, g).sum(-1).double()
+    h = halved(w)
+    terms = idot * h.scale.double()[None] * sx_g[:, None, :]
+    return terms.sum(-1) + xsum @ h.bias.double().T, terms.abs().sum(-1) + xsum.abs() @ h.bias.double().abs().T
+
+
+def assert_matches(got: torch.Tensor, x: torch.Tensor, w: IntWeight, tol: float) -> None:
+    want, magnitude = reference(x, w)
+    assert ((got.double() - want).abs() <= tol * magnitude + 1e-30).all()
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_packing_keeps_the_values(type_name: str) -> None:
+    w = weight(type_name, 48, 512, seed=1)
+    packed = int_dot.pack(w)
+    _, _, bits, _ = BLOCK_TYPES[type_name]
+    assert packed.shape == (3, 16, int_dot.tile_bytes(bits)) and packed.dtype == torch.uint8
+    dense = int_dot.dequantize(packed, torch.float32)
+    want = halved(w)
+    assert torch.equal(dense, torch.addcmul(want.bias.repeat_interleave(w.group, 1),
+                                            want.scale.repeat_interleave(w.group, 1), w.q.float()))
+    exact = type_name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # their scales are the file's own float16s
+    assert torch.equal(dense, w.dequantize()) == exact
+    if not exact:
+        assert (dense - w.dequantize()).abs().max() <= w.dequantize().abs().max() * 2**-10
+    rows = torch.tensor([47, 0, 17, 17])
+    assert torch.equal(int_dot.dequantize(packed, torch.float32, rows=rows), dense[rows])
+    assert torch.equal(int_dot.dequantize(packed, torch.bfloat16), dense.bfloat16())
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13])  # 13: a pass of 8 rows and one of 5
+@pytest.mark.parametrize("type_name", TYPES)
+def test_linear_is_exact_integer_arithmetic(type_name: str, rows: int) -> None:
+    w = weight(type_name, 64, 256, seed=rows)
+    packed = int_dot.pack(w)
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 256, generator=g) * 2
+    x[0, :32] = 0.0  # an all-zero block
+    got = int_dot.linear(x, [packed])
+    assert got.dtype == torch.float32 and got.shape == (rows, 64)
+    assert_matches(got, x, w, 1e-6)  # float32 sums of exact integer dots
+    alone = torch.cat([int_dot.linear(x[i:i + 1], [packed]) for i in range(rows)])
+    assert torch.equal(alone, got)  # a row's result does not depend on the rows beside it
+    half = int_dot.linear(x.bfloat16(), [packed])  # a bf16 model's activations: the output in bf16
+    assert half.dtype == torch.bfloat16
+    assert_matches(half.float(), x.bfloat16().float(), w, 1e-2)
+
+
+def test_parts_of_several_types_in_one_call() -> None:
+    """A Q4_K_M layer's fused q/k/v: Q4_K, Q4_K and Q6_K parts, one activation quantization."""
+    parts = [weight("Q4_K", 32, 512, 1), weight("Q4_K", 16, 512, 2), weight("Q6_K", 16, 512, 3), weight("Q8_0", 48, 512, 4)]
+    packed = [int_dot.pack(p) for p in parts]
+    x = torch.randn(4, 512)
+    got = int_dot.linear(x, packed)
+    want = torch.cat([int_dot.linear(x, [p]) for p in packed], dim=1)
+    assert got.shape == (4, 112) and torch.equal(got, want)
+
+
+def test_bad_inputs_are_refused() -> None:
+    packed = int_dot.pack(weight("Q4_0", 16, 64))
+    with pytest.raises(RuntimeError, match="packed holds in_features 64, x has 96"):
+        int_dot.linear(torch.zeros(1, 96), [packed])
+    with pytest.raises(RuntimeError, match="tile bytes 300"):
+        int_dot.linear(torch.zeros(1, 64), [torch.zeros(1, 2, 300, dtype=torch.uint8)])
+    with pytest.raises(RuntimeError, match="outside the weight's 16 rows"):
+        int_dot.dequantize(packed, torch.float32, rows=torch.tensor([16]))
+    with pytest.raises(ValueError, match=r"shape \[8, 64\]"):
+        int_dot.pack(weight("Q4_0", 8, 64))
+    big = weight("Q4_0", 16, 64)
+    big.scale[0, 0] = 1e6  # past float16
+    with pytest.raises(ValueError, match="overflows float16"):
+        int_dot.pack(big)
+
+
+def test_pack_in_chunks_equals_pack_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = weight("Q6_K", 96, 256, 7)
+    whole = int_dot.pack(w)
+    monkeypatch.setattr(int_dot, "PACK_ROWS", 32)
+    assert torch.equal(int_dot.pack(w), whole)
+
+
+def portable_outputs() -> dict[str, torch.Tensor]:
+    """Every format's linear over 1..9 rows and its dequantized rows, seeded: compared across builds."""
+    out = {}
+    for i, type_name in enumerate(TYPES):
+        packed = int_dot.pack(weight(type_name, 32, 256, i))
+        x = torch.from_numpy(np.random.default_rng(i).standard_normal((9, 256)).astype(np.float32))
+        for rows in (1, 2, 4, 5, 9):
+            out[f"{type_name} rows={rows}"] = int_dot.linear(x[:rows], [packed])
+        out[f"{type_name} dense"] = int_dot.dequantize(packed, torch.float32)
+    return out
+
+
+@pytest.mark.parametrize("type_name,k", [("Q4_K", 2048), ("Q6_K", 4096), ("Q8_0", 4096), ("Q5_K", 2048)])
+def test_linear_at_real_widths(type_name: str, k: int) -> None:
+    w = weight(type_name, 32, k, seed=k)
+    x = torch.randn(8, k, generator=torch.Generator().manual_seed(k))
+    got = int_dot.linear(x, [int_dot.pack(w)])
+    assert_matches(got, x, w, 1e-6)
