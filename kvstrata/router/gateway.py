@@ -114,7 +114,8 @@ class Gateway:
         n = len(self.pool.workers)
         if type(rank) is not int or not 0 <= rank < n:
             raise APIError(
-                400, f"data_parallel_rank must be an integer in [0, {n}), got {quote(rank)}", param="data_parallel_rank",
+                400, f"data_parallel_rank must be an integer in [0, {n}), got {quote(rank)}",
+                param="data_parallel_rank",
                 code="invalid_rank",
             )
         return self.pool.workers[rank]

@@ -104,8 +104,8 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     out = []
     for i, tool in enumerate(tools):
         if tool.get("type") != "function":
-            raise InvalidRequestError(f"tools[{i}].type {quote(tool.get('type'))} is not supported; only function tools",
-                                      f"tools[{i}].type", "unsupported")
+            msg = f"tools[{i}].type {quote(tool.get('type'))} is not supported; only function tools"
+            raise InvalidRequestError(msg, f"tools[{i}].type", "unsupported")
         fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out

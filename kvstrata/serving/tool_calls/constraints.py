@@ -52,7 +52,9 @@ def _grammar_error(schema_json: str) -> str:
         return str(exc)
 
 
-def call_schema(fmt: ToolCallFormat, name: str, parameters: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+def call_schema(
+    fmt: ToolCallFormat, name: str, parameters: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """(one call of tool `name`, keys in the order the family writes them; the definitions it refers to)."""
     args, defs = hoist(name, parameters) if parameters is not None else (dict(ANY_OBJECT), {})
     for schema in [args, *defs.values()]:
