@@ -2,7 +2,9 @@
 
 Requests cross into the engine thread through a thread-safe inbox; outputs cross back with
 `loop.call_soon_threadsafe` into a per-request asyncio.Queue. A consumer that stops iterating
-aborts its request, whose pages go back to the pool at the next step. If the engine thread dies,
+aborts its request, whose pages go back to the pool at the next step. A constrained request's
+matcher is compiled (or copied from the cache, grammar_cache.py) in a compile thread before the
+request enters the inbox, so no grammar ever stalls the step loop. If the engine thread dies,
 `healthy` turns False and every waiting stream fails with EngineDeadError.
 """
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, AsyncIterator, Callable
 
 from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig
 from kvstrata.engine.engine import Engine
+from kvstrata.engine.grammar_cache import COMPILE_THREAD
 from kvstrata.engine.outputs import EngineDeadError, RequestOutput
 from kvstrata.engine.sampling_params import SamplingParams
 
@@ -39,6 +42,8 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         self._dead: BaseException | None = None
         self._stopping = False
+        # one thread compiles grammars: llguidance drops the GIL there, and a core stays for the steps
+        self._compiler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=COMPILE_THREAD)
         self._thread = threading.Thread(target=self._run, name="kvstrata-engine", daemon=True)
         self._thread.start()
 
@@ -59,9 +64,13 @@ class AsyncEngine:
         if not self.healthy:
             raise EngineDeadError("the engine is not running")
         params = self.check_prompt(prompt_token_ids, params)
+        matcher = None
+        if params.grammar is not None:  # compiled (or copied) here, never on the engine thread
+            matcher = await asyncio.get_running_loop().run_in_executor(
+                self._compiler, self.engine.grammars.matcher, params.grammar)
         q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), q)
-        self._inbox.put(("add", (request_id, list(prompt_token_ids), params)))
+        self._inbox.put(("add", (request_id, list(prompt_token_ids), params, matcher)))
         if not self.healthy:  # died between the check above and registering: nobody would answer
             self._streams.pop(request_id, None)
             raise EngineDeadError("the engine is not running")
@@ -110,6 +119,7 @@ class AsyncEngine:
         # the flush walks L1/L2, which only the engine thread may touch: skip it if that thread is
         # still running (stuck in a step); in-flight writes are still drained
         self.engine.close(timeout, flush=not self._thread.is_alive())
+        self._compiler.shutdown(wait=False)
 
     # -- engine thread ---------------------------------------------------------------------
     def _send(self, request_id: str, item: RequestOutput | BaseException) -> None:
@@ -124,9 +134,9 @@ class AsyncEngine:
 
     def _handle(self, kind: str, payload: Any) -> None:
         if kind == "add":
-            request_id, ids, params = payload
+            request_id, ids, params, matcher = payload
             try:
-                self.engine.add_request(request_id, ids, params)
+                self.engine.add_request(request_id, ids, params, matcher)
             except Exception as exc:
                 self._send(request_id, exc)
         elif kind == "abort":

@@ -5,11 +5,13 @@ import logging
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from kvstrata.config import CacheConfig, ConfigError, ModelConfig, SchedulerConfig, check_config
 from kvstrata.engine.grammar import GrammarBackend, advance
+from kvstrata.engine.grammar_cache import GrammarCache
 from kvstrata.engine.kv_manager import KVCacheManager
 from kvstrata.engine.output_processor import OutputProcessor
 from kvstrata.engine.outputs import EngineOverloadedError, RequestOutput
@@ -121,6 +123,7 @@ class Engine:
         self.scheduler = Scheduler(sched_cfg, KVCacheManager(self.pool, cache, self.tiers))
         self.runner = ModelRunner(self.model, self.pool)
         self.grammar = self.runner.grammar = GrammarBackend(self.tokenizer, arch.vocab_size)
+        self.grammars = GrammarCache(self.grammar)  # compiled grammars, copied per request
 
         limit = min(arch.max_position, num_pages * ps)
         if model_cfg.max_model_len:
@@ -169,7 +172,10 @@ class Engine:
             params = replace(params, max_tokens=room)
         return params
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, matcher: Any = None
+    ) -> None:
+        """`matcher`: the grammar's, compiled off this thread (AsyncEngine); compiled here if None."""
         if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
         params = self.check_request(prompt_token_ids, params)
@@ -178,7 +184,7 @@ class Engine:
             raise EngineOverloadedError(f"{limit} requests are already waiting (--max-queue-requests {limit})")
         req = Request(request_id, list(prompt_token_ids), params)
         if params.grammar is not None:
-            req.matcher = self.grammar.matcher(params.grammar)
+            req.matcher = matcher if matcher is not None else self.grammars.matcher(params.grammar)
         self._requests[request_id] = req
         self.outputs.add(req)
         self.scheduler.add(req)
@@ -249,7 +255,9 @@ class Engine:
         return min(step_budget, max(64, WARMUP_MACS // max(1, self.model.linear_params())))
 
     def warm_up(self, num_tokens: int) -> WarmupReport:
-        """Before any request: one dummy step of `num_tokens` (and a decode step); warmup.py says why."""
+        """Before any request: one dummy step of `num_tokens` (and a decode step); warmup.py says why.
+        Also builds the grammar tokenizer, which would otherwise hold the GIL at the first constrained request."""
+        self.grammar.prepare()
         return warm_up(self.runner, num_tokens, self.info.max_model_len, self.info.arch.vocab_size,
                        self.sched_cfg.max_num_seqs)
 

@@ -1,8 +1,9 @@
 """Constrained decoding with llguidance: a matcher per constrained request, a token mask per step.
 
-`GrammarBackend` builds llguidance's tokenizer from ours (the `tokenizers` JSON, once, on the
-first constrained request: about 1.5 s for SmolLM2's 49k vocabulary) and a matcher per request
-from the grammar string in `SamplingParams.grammar`. Each step, `mask_logits` sets every token
+`GrammarBackend` builds llguidance's tokenizer from ours (the `tokenizers` JSON, once: about
+0.3-1.5 s for SmolLM2's 49k vocabulary, holding the GIL, so the server does it in its warm-up,
+`prepare()`) and a matcher per grammar string (`SamplingParams.grammar`); grammar_cache.py keeps
+compiled ones and hands out copies, off the engine thread. Each step, `mask_logits` sets every token
 the grammar forbids to -inf on the rows that sample, before the sampler sees them (greedy and
 sampled alike); `advance` feeds the chosen token to the matcher and says whether the grammar has
 finished (the request then stops with "stop").
@@ -10,6 +11,7 @@ finished (the request then stops with "stop").
 from __future__ import annotations
 
 import logging
+import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,16 +30,23 @@ class GrammarBackend:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size  # the logits' width (the model's vocabulary)
         self._ll_tokenizer: Any = None
-        self._words = (vocab_size + 31) // 32
+        self._lock = threading.Lock()
+        self.mask_words = (vocab_size + 31) // 32  # int32 words of one token mask
+
+    def prepare(self) -> None:
+        """Build llguidance's tokenizer now (the server's warm-up), not at the first constrained request."""
+        self._llt()
 
     def _llt(self) -> Any:
-        if self._ll_tokenizer is None:
-            import llguidance
+        with self._lock:  # the compile thread and the engine thread may both ask first
+            if self._ll_tokenizer is None:
+                import llguidance
 
-            self._ll_tokenizer = llguidance.LLTokenizer(
-                self.tokenizer.backend.to_str(), n_vocab=self.vocab_size, eos_token=list(self.tokenizer.eos_token_ids)
-            )
-        return self._ll_tokenizer
+                self._ll_tokenizer = llguidance.LLTokenizer(
+                    self.tokenizer.backend.to_str(), n_vocab=self.vocab_size,
+                    eos_token=list(self.tokenizer.eos_token_ids),
+                )
+            return self._ll_tokenizer
 
     def matcher(self, grammar: str) -> Any:
         """A fresh matcher for `grammar`; a grammar llguidance refuses is the client's error."""
@@ -54,7 +63,7 @@ class GrammarBackend:
         rows = [i for i, m in enumerate(matchers) if m is not None]
         if not rows:
             return logits
-        bits = np.full((logits.shape[0], self._words), -1, dtype=np.int32)  # all allowed
+        bits = np.full((logits.shape[0], self.mask_words), -1, dtype=np.int32)  # all allowed
         for i in rows:
             v = bits[i]
             matchers[i].unsafe_compute_mask_ptr(v.ctypes.data, v.nbytes)

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvstrata.model.file_digest import file_sha256
+
 _SCALARS = {  # GGUF value type -> struct format
     0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d",
 }
 _STRING, _ARRAY = 8, 9
-_IDENTITY_SAMPLES = 16  # data chunks hashed into the identity, spread over the tensor data
-_SAMPLE_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -106,18 +106,13 @@ def read_gguf_header(path: str | Path, load_arrays: Collection[str] = ()) -> GGU
 
 
 def gguf_identity(header: GGUFHeader) -> str:
-    """Short stable id: file stem, size, and a hash of the header plus sampled tensor data.
+    """Short stable id: file stem, size, and the SHA-256 of every byte of the file.
 
-    The sampled chunks make two fine-tunes with identical headers (same tool, same shapes) differ,
-    without reading a multi-GB file at every start.
+    The KV namespace is built on it, and L3 pages are shared across servers: two files that differ
+    anywhere must differ here (a hash of 16 sampled chunks did not see the bytes between them). The
+    whole-file hash is computed once per (path, size, mtime) and kept (file_digest.py).
     """
-    digest = hashlib.sha256(header.header_sha256.encode())
-    span = header.file_size - header.data_offset
-    with open(header.path, "rb") as f:
-        for i in range(_IDENTITY_SAMPLES):
-            f.seek(header.data_offset + span * i // _IDENTITY_SAMPLES)
-            digest.update(f.read(_SAMPLE_BYTES))
-    return f"{safe_stem(header.path.name)}-{header.file_size}-{digest.hexdigest()[:16]}"
+    return f"{safe_stem(header.path.name)}-{header.file_size}-{file_sha256(header.path)[:16]}"
 
 
 def safe_stem(name: str) -> str:

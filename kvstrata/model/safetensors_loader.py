@@ -8,20 +8,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import struct
 from collections.abc import Callable, Collection
 from pathlib import Path
 
 import torch
 
 from kvstrata.model.arch import ModelArch
+from kvstrata.model.file_digest import file_sha256
 from kvstrata.model.gguf_header import safe_stem
 
 logger = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
-_IDENTITY_SAMPLES = 8  # data chunks per shard hashed into the identity
-_SAMPLE_BYTES = 64 * 1024
 
 
 def read_hf_config(folder: Path) -> dict:
@@ -71,17 +69,11 @@ def load_folder(
 
 
 def folder_identity(folder: Path, files: list[Path]) -> str:
-    """Folder name, total size and a hash of config.json, every shard header and sampled data."""
+    """Folder name, total size and a hash of config.json and every byte of every shard (each
+    shard's SHA-256 computed once per (path, size, mtime), file_digest.py, as for a GGUF)."""
     digest = hashlib.sha256((folder / "config.json").read_bytes())
     total = 0
     for file in files:
-        size = file.stat().st_size
-        total += size
-        with open(file, "rb") as f:
-            (header_len,) = struct.unpack("<Q", f.read(8))
-            digest.update(f.read(header_len))
-            start = 8 + header_len
-            for i in range(_IDENTITY_SAMPLES):
-                f.seek(start + (size - start) * i // _IDENTITY_SAMPLES)
-                digest.update(f.read(_SAMPLE_BYTES))
+        total += file.stat().st_size
+        digest.update(file_sha256(file).encode())
     return f"{safe_stem(folder.resolve().name + '.dir')}-{total}-{digest.hexdigest()[:16]}"

@@ -1,4 +1,5 @@
-"""The gateway's HTTP face: OpenAI routes proxied to a rank, plus /health, /metrics, /dashboard, /flush_cache.
+"""The gateway's HTTP face: OpenAI routes proxied to a rank (chat, completions, responses), plus
+/health, /metrics, /dashboard, /flush_cache.
 
 It checks API keys itself (the rank's middleware and key sources: `--api-key`, `--api-key-file`,
 $KVSTRATA_API_KEY; the dashboard cookie too) and forwards the client's `Authorization` header, so
@@ -29,7 +30,7 @@ from fastapi.responses import JSONResponse, Response
 
 from kvstrata.config import RouterConfig, ServerConfig
 from kvstrata.router.gateway import Gateway
-from kvstrata.serving.auth import ApiKeys, AuthMiddleware
+from kvstrata.serving.auth import ApiKeys, AuthMiddleware, request_tenant
 from kvstrata.serving.dashboard import install_dashboard_route
 from kvstrata.serving.errors import install_error_handlers
 from kvstrata.serving.http_protocol import JsonErrorH11Protocol
@@ -41,6 +42,7 @@ from kvstrata.serving.shutdown import Lifecycle, LifecycleMiddleware
 from kvstrata.serving.worker_info import MODEL_INFO_PATHS, SERVER_INFO_PATHS
 
 logger = logging.getLogger(__name__)
+PROXIED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")  # sent on to a rank
 
 
 def build_gateway_app(
@@ -64,15 +66,13 @@ def build_gateway_app(
     app.add_middleware(LifecycleMiddleware, lifecycle=lifecycle or Lifecycle())  # 503 once draining
     install_dashboard_route(app)  # GET /dashboard, charts of the merged /metrics below
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
+    async def proxied(request: Request) -> Response:
         started = time.perf_counter()
-        return await gateway.proxy("/v1/chat/completions", await request.body(), dict(request.headers), started)
+        return await gateway.proxy(request.url.path, await request.body(), dict(request.headers), started,
+                                   request_tenant(request))
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        started = time.perf_counter()
-        return await gateway.proxy("/v1/completions", await request.body(), dict(request.headers), started)
+    for path in PROXIED_PATHS:
+        app.add_api_route(path, proxied, methods=["POST"], name=f"proxy{path}")
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:

@@ -1,7 +1,8 @@
 """Gateway: one OpenAI endpoint in front of N engine ranks; picks a rank per request and streams through.
 
-    POST /v1/chat/completions, /v1/completions
-      parse JSON ─▶ data_parallel_rank? pin : policy.choose(loads, cached match per rank)
+    POST /v1/chat/completions, /v1/completions, /v1/responses
+      parse JSON ─▶ data_parallel_rank? pin : previous_response_id's rank? pin
+                  : policy.choose(loads, cached match per rank, hashed with the key's tenant)
       ─▶ send upstream ─▶ first chunk ─▶ StreamingResponse(first + the rest, as they come)
 
 Nothing is buffered: chunks go out as the rank sends them. A rank that refuses the connection,
@@ -12,10 +13,11 @@ upstream ends the client's stream. `Gateway.start()` probes the ranks and keeps 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import time
-from typing import Any, AsyncIterator
+from typing import Any
 
 import httpx
 from fastapi.responses import Response, StreamingResponse
@@ -26,14 +28,18 @@ from kvstrata.router.key_affinity import KeyAffinity, affinity_key
 from kvstrata.router.policy import Decision, make_policy
 from kvstrata.router.prompt import Prompt, PromptHasher
 from kvstrata.router.metrics import RouterMetrics
+from kvstrata.router.passthrough import Release, finish, passthrough
+from kvstrata.router.response_ranks import ResponseRanks
 from kvstrata.router.workers import Worker, WorkerPool
-from kvstrata.serving.errors import APIError
+from kvstrata.serving.errors import APIError, quote
+from kvstrata.serving.responses.route import RESPONSE_ID_HEADER
 
 logger = logging.getLogger(__name__)
 
 RETRY_STATUSES = (502, 503, 504)
 DROP_HEADERS = ("content-length", "transfer-encoding", "connection", "keep-alive", "date", "server")
 SEND_HEADERS = ("content-type", "authorization", "accept", "x-request-id")
+INLINE_PARSE_BYTES = 64 * 1024  # larger bodies are parsed in the hashing thread
 
 
 class Gateway:
@@ -44,10 +50,12 @@ class Gateway:
         self.pool = WorkerPool(urls, self.rank_headers)
         self.policy = make_policy(cfg)
         self.affinity = KeyAffinity(cfg)  # prompt_cache_key -> rank (key_affinity.py)
+        self.response_ranks = ResponseRanks()  # (tenant, response id) -> the rank that stored it
         self.metrics = RouterMetrics()
         self.hasher: PromptHasher | None = None  # loaded once a rank says which model it serves
         self._hasher_failed = False
         self._client: httpx.AsyncClient | None = None
+        self._hashing = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvstrata-router-hash")
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -65,6 +73,7 @@ class Gateway:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.pool.close()
+        self._hashing.shutdown(wait=False)
         if self._client is not None:
             await self._client.aclose()
 
@@ -85,7 +94,8 @@ class Gateway:
         model = self.cfg.router_tokenizer or info["model"]
         root = bytes.fromhex(info["hash_root"])
         try:
-            self.hasher = await asyncio.to_thread(PromptHasher.load, model, int(info["page_size"]), root)
+            self.hasher = await asyncio.to_thread(PromptHasher.load, model, int(info["page_size"]), root,
+                                                  str(info.get("tool_call_parser") or "auto"))
         except (OSError, ValueError) as exc:
             logger.error("router_tokenizer_failed model=%s error=%s; routing by load only", model, exc)
             self._hasher_failed = True
@@ -104,22 +114,38 @@ class Gateway:
         n = len(self.pool.workers)
         if type(rank) is not int or not 0 <= rank < n:
             raise APIError(
-                400, f"data_parallel_rank must be an integer in [0, {n}), got {rank!r}", param="data_parallel_rank",
+                400, f"data_parallel_rank must be an integer in [0, {n}), got {quote(rank)}",
+                param="data_parallel_rank",
                 code="invalid_rank",
             )
         return self.pool.workers[rank]
 
+    def chained(self, path: str, body: dict[str, Any], tenant: str | None) -> Worker | None:
+        """The ready rank that stored this /v1/responses request's previous response, if known."""
+        if not path.endswith("/responses"):
+            return None
+        rank = self.response_ranks.rank_of(tenant, body.get("previous_response_id"))
+        worker = self.pool.workers[rank] if rank is not None and rank < len(self.pool.workers) else None
+        return worker if worker is not None and worker.ready else None
+
+    async def hash_prompt(self, path: str, body: dict[str, Any], tenant: str | None) -> Prompt | None:
+        """The prompt's size and page hashes when the policy matches caches. Rendering and tokenizing
+        are CPU work: they run in the gateway's hashing thread (one, so the hasher's memo needs no
+        lock), never on the event loop that carries every stream."""
+        if self.hasher is None or not self.policy.needs_match:
+            return None
+        return await asyncio.get_running_loop().run_in_executor(self._hashing, self.hasher.prompt, path, body, tenant)
+
     def choose(
-        self, path: str, body: dict[str, Any], ready: list[Worker], headers: dict[str, str] | None = None
-    ) -> tuple[Worker, Decision, Prompt | None]:
-        prompt = self.hasher.prompt(path, body) if self.hasher is not None and self.policy.needs_match else None
+        self, body: dict[str, Any], ready: list[Worker], prompt: Prompt | None, headers: dict[str, str] | None = None,
+    ) -> tuple[Worker, Decision]:
         ps = self.hasher.page_size if self.hasher is not None else 0
         loads = [w.load(w.index.match_pages(prompt.hashes) * ps if prompt else 0) for w in ready]
         decision = self.policy.choose(loads, prompt.num_tokens if prompt else 0)
         key = affinity_key(body, headers or {})
         if key is not None:  # the same prompt_cache_key sticks to one rank while it is not overloaded
             decision = self.affinity.route(key, loads, decision, prompt.num_tokens if prompt else 0)
-        return next(w for w in ready if w.rank == decision.rank), decision, prompt
+        return next(w for w in ready if w.rank == decision.rank), decision
 
     def fallbacks(self, tried: set[int]) -> list[Worker]:
         rest = [w for w in self.pool.ready() if w.rank not in tried]
@@ -127,11 +153,12 @@ class Gateway:
 
     # -- proxying --------------------------------------------------------------------------------
 
-    async def proxy(self, path: str, raw: bytes, headers: dict[str, str], started: float) -> Response:
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            body = None
+    async def proxy(
+        self, path: str, raw: bytes, headers: dict[str, str], started: float, tenant: str | None = None
+    ) -> Response:
+        """`tenant`: the API key's (auth.request_tenant), which the ranks mix into their page hashes."""
+        loop = asyncio.get_running_loop()
+        body = _parse(raw) if len(raw) <= INLINE_PARSE_BYTES else await loop.run_in_executor(self._hashing, _parse, raw)
         if not isinstance(body, dict):
             raise APIError(400, "the request body is not a JSON object; send one", code="invalid_json")
         pin = self.pinned(body)
@@ -146,8 +173,15 @@ class Gateway:
         elif not ready:
             raise APIError(503, "no engine rank is ready; retry when GET /health returns 200", "server_error",
                            code="no_rank_ready")
+        elif (chained := self.chained(path, body, tenant)) is not None:
+            worker, decision, prompt = chained, Decision(chained.rank, "previous_response"), None
         else:
-            worker, decision, prompt = self.choose(path, body, ready, headers)
+            prompt = await self.hash_prompt(path, body, tenant)
+            ready = [w for w in ready if w.ready] or self.pool.ready()  # ranks may have gone while it hashed
+            if not ready:
+                raise APIError(503, "no engine rank is ready; retry when GET /health returns 200", "server_error",
+                               code="no_rank_ready")
+            worker, decision = self.choose(body, ready, prompt, headers)
         cost = (prompt.num_tokens if prompt else len(raw) // 4) + _max_tokens(body)
         send = {k: v for k, v in headers.items() if k in SEND_HEADERS}
         tried: set[int] = set()
@@ -156,7 +190,7 @@ class Gateway:
             tried.add(worker.rank)
             worker.requests += 1
             worker.tokens += cost
-            done = _Release(worker, cost)
+            done = Release(worker, cost)
             try:
                 upstream = await self.client.send(
                     self.client.build_request("POST", worker.url + path, content=raw, headers=send), stream=True
@@ -195,12 +229,14 @@ class Gateway:
         self.metrics.routed(worker.rank, policy, ratio, overhead)
         if prompt is not None:
             worker.index.add_routed(prompt.hashes)  # approximate mode only
+        if (response_id := upstream.headers.get(RESPONSE_ID_HEADER)) is not None:
+            self.response_ranks.remember(tenant, response_id, worker.rank)
         logger.debug("router_route rank=%d reason=%s ratio=%s tries=%d", worker.rank, decision.reason, ratio, len(tried))
         out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in DROP_HEADERS}
         out_headers["x-kvstrata-rank"] = str(worker.rank)
         return StreamingResponse(
-            _passthrough(first, chunks, upstream, done), status_code=upstream.status_code, headers=out_headers,
-            background=BackgroundTask(_finish, upstream, done),  # also when the stream never started
+            passthrough(first, chunks, upstream, done), status_code=upstream.status_code, headers=out_headers,
+            background=BackgroundTask(finish, upstream, done),  # also when the stream never started
         )
 
     async def get_json(self, path: str, headers: dict[str, str]) -> Response:
@@ -230,37 +266,11 @@ class Gateway:
         return {w.rank: r for w, r in zip(ready, results)}
 
 
-class _Release:
-    """Undo a request's in-flight load on its rank, exactly once (stream end, error or disconnect)."""
-
-    def __init__(self, worker: Worker, cost: int) -> None:
-        self.worker, self.cost, self.done = worker, cost, False
-
-    def __call__(self) -> None:
-        if not self.done:
-            self.done = True
-            self.worker.requests -= 1
-            self.worker.tokens -= self.cost
-
-
-async def _passthrough(
-    first: bytes, chunks: AsyncIterator[bytes], upstream: httpx.Response, release: _Release
-) -> AsyncIterator[bytes]:
+def _parse(raw: bytes) -> Any:
     try:
-        if first:
-            yield first
-        async for chunk in chunks:
-            yield chunk
-    except httpx.HTTPError as exc:
-        logger.warning("router_stream_broken rank=%d error=%s", release.worker.rank, type(exc).__name__)
-    finally:
-        release()
-        await upstream.aclose()
-
-
-async def _finish(upstream: httpx.Response, release: _Release) -> None:
-    release()
-    await upstream.aclose()
+        return json.loads(raw)
+    except ValueError:
+        return None
 
 
 def _max_tokens(body: dict[str, Any]) -> int:

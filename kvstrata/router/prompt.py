@@ -1,10 +1,13 @@
 """PromptHasher: a request body -> its prompt tokens and page hashes, exactly as a rank computes them.
 
-Same tokenizer and chat template (`kvstrata.model.tokenizer.Tokenizer`), same rendering as
-`serving/protocol.py` (developer -> system, tools unless tool_choice is "none"), same hash chain
-from the ranks' namespace root with the request's `cache_salt`, cut to the int64 block hashes
-that KV events carry. Only the pages a rank could match count: (len(tokens) - 1) // page_size.
-A body the gateway cannot render is simply not matched; the rank answers it (with its 400).
+Same tokenizer and chat template (`kvstrata.model.tokenizer.Tokenizer`), same rendering as the
+rank (`tool_calls/plan.template_input`: developer -> system, the tools where the template or the
+system message shows them; a /v1/responses body becomes its chat request first), same hash chain
+from the ranks' namespace root with the same extra key: the API key's tenant and the request's
+`cache_salt` (`auth.tenant_extra_key`; without the tenant no authenticated request would ever
+match), cut to the int64 block hashes that KV events carry. Only the pages a rank could match
+count: (len(tokens) - 1) // page_size. A body the gateway cannot render (or a /v1/responses
+turn whose history lives on a rank) is simply not matched; the rank answers it.
 """
 from __future__ import annotations
 
@@ -17,7 +20,10 @@ from pydantic import ValidationError
 
 from kvstrata.kv.hashing import hash_pages, hash_to_int64
 from kvstrata.model.tokenizer import Tokenizer
+from kvstrata.serving.auth import tenant_extra_key
 from kvstrata.serving.protocol import ChatCompletionRequest
+from kvstrata.serving.responses.request import ResponsesRequest, chat_body
+from kvstrata.serving.tool_calls.plan import template_input
 
 logger = logging.getLogger(__name__)
 
@@ -67,27 +73,32 @@ class Prompt(NamedTuple):
 
 
 class PromptHasher:
-    def __init__(self, tokenizer: Tokenizer, page_size: int, root: bytes) -> None:
+    def __init__(self, tokenizer: Tokenizer, page_size: int, root: bytes, tool_call_parser: str = "auto") -> None:
         self.tokenizer = tokenizer
         self.page_size = page_size
         self.root = root
+        self.tool_call_parser = tool_call_parser  # the ranks' --tool-call-parser
         self.encode = SegmentEncoder(tokenizer)
 
     @classmethod
-    def load(cls, model: str, page_size: int, root: bytes) -> PromptHasher:
+    def load(cls, model: str, page_size: int, root: bytes, tool_call_parser: str = "auto") -> PromptHasher:
         from kvstrata.model.fetch import resolve_model
 
-        return cls(Tokenizer.from_path(resolve_model(model)), page_size, root)
+        return cls(Tokenizer.from_path(resolve_model(model)), page_size, root, tool_call_parser)
+
+    def _chat_tokens(self, req: ChatCompletionRequest) -> list[int]:
+        messages, tools = template_input(req, self.tokenizer, self.tool_call_parser)
+        return self.encode(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools))
 
     def tokens(self, path: str, body: dict[str, Any]) -> list[int] | None:
         try:
             if path.endswith("/chat/completions"):
-                req = ChatCompletionRequest.model_validate(body)
-                tools = None if req.tool_choice == "none" else req.tools
-                text = self.tokenizer.apply_chat_template(
-                    [m.for_template() for m in req.messages], add_generation_prompt=True, tools=tools
-                )
-                return self.encode(text)
+                return self._chat_tokens(ChatCompletionRequest.model_validate(body))
+            if path.endswith("/responses"):
+                req = ResponsesRequest.model_validate(body)
+                if req.previous_response_id is not None:
+                    return None  # its history is on the rank that stored it (the gateway routes there)
+                return self._chat_tokens(ChatCompletionRequest.model_validate(chat_body(req, [])[0]))
             prompt = body.get("prompt")
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
                 prompt = prompt[0]  # a batch: route by its first prompt
@@ -101,11 +112,13 @@ class PromptHasher:
             logger.debug("router_prompt_unrendered error=%r", exc)
         return None
 
-    def prompt(self, path: str, body: dict[str, Any]) -> Prompt | None:
+    def prompt(self, path: str, body: dict[str, Any], tenant: str | None = None) -> Prompt | None:
+        """The prompt's size and page hashes; `tenant`: the API key's (None when keys are off)."""
         tokens = self.tokens(path, body)
         if not tokens:
             return None
         salt = body.get("cache_salt")
+        extra = tenant_extra_key(tenant, salt if isinstance(salt, str) else None)
         n = (len(tokens) - 1) // self.page_size * self.page_size
-        hashes = hash_pages(tokens[:n], self.page_size, self.root, salt if isinstance(salt, str) else None)
+        hashes = hash_pages(tokens[:n], self.page_size, self.root, extra)
         return Prompt(len(tokens), [hash_to_int64(h) for h in hashes])

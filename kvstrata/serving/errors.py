@@ -15,6 +15,10 @@ Every error the HTTP layer returns has the shape OpenAI clients parse:
 
 `install_error_handlers` wires these into an app; unexpected exceptions go through
 `CatchAllMiddleware` rather than an `Exception` handler (see its docstring).
+
+A message quotes client input through `quote` (at most `QUOTE_CHARS` of it), and `error_body`
+cuts any message and param to `MAX_MESSAGE_CHARS` / `MAX_PARAM_CHARS` as a backstop, so an error
+never echoes a megabyte the client sent.
 """
 from __future__ import annotations
 
@@ -32,6 +36,22 @@ from kvstrata.engine.sampling_params import InvalidRequestError
 
 logger = logging.getLogger(__name__)
 RETRY_AFTER_S = 1  # what a 429 asks the client to wait, in seconds
+QUOTE_CHARS = 64  # of a client's value quoted in a message
+MAX_MESSAGE_CHARS = 1024
+MAX_PARAM_CHARS = 256
+
+
+def quote(value: object, limit: int = QUOTE_CHARS) -> str:
+    """`repr(value)`, or its first `limit` characters and how long it was."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f"{len(value)} characters" if isinstance(value, str) else f"{len(text)} characters as written"
+    return f"{text[:limit]}... ({size})"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class APIError(Exception):
@@ -58,7 +78,8 @@ class APIError(Exception):
 def error_body(
     message: str, type: str, param: str | None = None, code: str | int | None = None  # noqa: A002
 ) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    param = _cut(param, MAX_PARAM_CHARS) if param is not None else None
+    return {"error": {"message": _cut(message, MAX_MESSAGE_CHARS), "type": type, "param": param, "code": code}}
 
 
 def error_response(

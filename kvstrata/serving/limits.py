@@ -3,61 +3,28 @@
 - a body over `--max-request-body-bytes` (by Content-Length, or counted while it streams in): 413;
 - JSON nested deeper than `--max-json-depth`: 400 (deep nesting costs parsers stack and time and
   no OpenAI request needs more than a few levels);
-- a string escaping half a surrogate pair (`"\\ud800"`), which no UTF-8 text can hold: 400.
+- a string escaping half a surrogate pair (`"\\ud800"`) or holding its UTF-8 bytes, which no UTF-8
+  text can hold: 400;
+- a NaN or Infinity literal (Python's json reads them, JSON has none, no reply could echo one): 400;
 - request headers over `MAX_HEADER_BYTES` in all: 431 (beyond `PARSER_BUFFER_BYTES` the HTTP
   parser itself answers 431, see http_protocol.py);
 - a body that stops arriving (a Content-Length longer than what is sent) for
   `--request-body-timeout` seconds: 408.
-All answers are OpenAI-style JSON errors.
+All answers are OpenAI-style JSON errors. The body checks (body_scan.py) are linear in the body;
+a body over `INLINE_CHECK_BYTES` is checked in a worker thread.
 """
 from __future__ import annotations
 
 import asyncio
-import re
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kvstrata.serving.body_scan import non_finite_key, scan_body
 from kvstrata.serving.errors import error_response
 
 MAX_HEADER_BYTES = 32 * 1024  # names and values together; browsers send a few KiB
 PARSER_BUFFER_BYTES = 4 * MAX_HEADER_BYTES  # uvicorn/h11 buffer a request line + headers up to this
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)  # a JSON string, escapes included
-_BRACKET = re.compile(rb"[\[\]{}]")
-_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
-_ESCAPE = re.compile(rb"\\(?:u[dD][89a-fA-F][0-9a-fA-F]{2}|.)", re.DOTALL)  # `\\` is one escape
-
-
-def json_depth(body: bytes) -> int:
-    """The deepest nesting of arrays and objects in `body` (brackets inside strings ignored)."""
-    depth = deepest = 0
-    for match in _BRACKET.finditer(_STRING.sub(b'""', body)):
-        if match.group() in (b"[", b"{"):
-            depth += 1
-            deepest = max(deepest, depth)
-        else:
-            depth -= 1
-    return deepest
-
-
-def has_lone_surrogate(body: bytes) -> bool:
-    """Whether a JSON text escapes half a UTF-16 surrogate pair (`"\\ud800"`): such a string cannot
-    be encoded as UTF-8, so tokenizers and hashes would fail on it."""
-    if not _SURROGATE.search(body):
-        return False
-    high_ends_at: int | None = None  # where an unpaired high surrogate escape ended
-    for m in _ESCAPE.finditer(body):
-        token = m.group()
-        if len(token) == 6 and token[3:4] in b"89abAB":  # high: a low must follow at once
-            if high_ends_at is not None:
-                return True
-            high_ends_at = m.end()
-        elif len(token) == 6:  # low: only right after a high
-            if high_ends_at != m.start():
-                return True
-            high_ends_at = None
-        elif high_ends_at is not None:
-            return True
-    return high_ends_at is not None
+INLINE_CHECK_BYTES = 64 * 1024  # larger bodies are checked in a worker thread, off the event loop
 
 
 class _TooLarge(Exception):
@@ -82,6 +49,26 @@ class RequestLimitsMiddleware:
             413, f"the request body is larger than {self.max_body_bytes} bytes; send less "
                  "(the server's --max-request-body-bytes)", code="request_too_large",
         )
+
+    def _check(self, body: bytes) -> object | None:
+        """The error answer for a body that fails a check (body_scan.py: each linear), or None."""
+        scan = scan_body(body)
+        if scan.depth > self.max_json_depth:
+            return error_response(
+                400, f"the request body nests JSON deeper than {self.max_json_depth} levels; flatten it",
+                code="json_too_deep",
+            )
+        if scan.non_finite:
+            return error_response(
+                400, "the request body has a NaN or Infinity literal, which JSON does not allow; send a number",
+                param=non_finite_key(body), code="invalid_value",
+            )
+        if scan.lone_surrogate:
+            return error_response(
+                400, "the request body has an unpaired UTF-16 surrogate (an escape like \\ud800, or its UTF-8 "
+                     "bytes); send valid Unicode", code="invalid_unicode",
+            )
+        return None
 
     async def _read(self, receive: Receive) -> bytes:
         chunks: list[bytes] = []
@@ -131,19 +118,12 @@ class RequestLimitsMiddleware:
             )
             await response(scope, receive, send)
             return
-        if json_depth(body) > self.max_json_depth:
-            response = error_response(
-                400, f"the request body nests JSON deeper than {self.max_json_depth} levels; flatten it",
-                code="json_too_deep",
-            )
-            await response(scope, receive, send)
-            return
-        if has_lone_surrogate(body):
-            response = error_response(
-                400, "the request body has an unpaired UTF-16 surrogate escape (like \\ud800); send valid Unicode",
-                code="invalid_unicode",
-            )
-            await response(scope, receive, send)
+        if len(body) <= INLINE_CHECK_BYTES:
+            refusal = self._check(body)
+        else:  # the scan holds the GIL, but the event loop still gets its turns between the thread's slices
+            refusal = await asyncio.to_thread(self._check, body)
+        if refusal is not None:
+            await refusal(scope, receive, send)  # type: ignore[operator]
             return
         replayed = False
 
@@ -155,3 +135,4 @@ class RequestLimitsMiddleware:
             return await receive()  # after the body: disconnects, as the app expects
 
         await self.app(scope, replay, send)
+

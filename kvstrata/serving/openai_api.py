@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -21,6 +21,7 @@ from kvstrata.engine.outputs import RequestOutput
 from kvstrata.serving.admin import install_admin_routes
 from kvstrata.serving.auth import AuthMiddleware, request_tenant, scoped_to_tenant
 from kvstrata.serving.deadline import with_deadline
+from kvstrata.serving.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, until_disconnect
 from kvstrata.serving.errors import install_error_handlers
 from kvstrata.serving.health import install_health_route
 from kvstrata.serving.limits import RequestLimitsMiddleware
@@ -48,29 +49,6 @@ if TYPE_CHECKING:
     from kvstrata.engine.async_engine import AsyncEngine
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
-DISCONNECT_POLL_S = 0.2
-CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it
-
-
-class ClientDisconnected(Exception):
-    """The HTTP client closed the connection before the response was ready."""
-
-
-async def _until_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
-    """Await `awaitable`, cancelling it (which aborts its engine requests) if the client leaves."""
-    task = asyncio.ensure_future(awaitable)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                raise ClientDisconnected()
-    finally:
-        if not task.done():
-            task.cancel()
-            await asyncio.wait({task})
 
 
 async def _first(outputs: AsyncIterator[tuple[int, RequestOutput]]) -> tuple[int, RequestOutput]:
@@ -114,13 +92,13 @@ async def _serve(
     streaming = False
     try:
         if stream:
-            first = await _until_disconnect(request, _first(outputs))  # errors before a token get a status
+            first = await until_disconnect(request, _first(outputs))  # errors before a token get a status
             raise_if_failed(first[1])
             body = sse_events(shape, first, outputs, usage, len(jobs), include_usage)
             streaming = True  # the stream's end releases the ticket
             headers = {"Cache-Control": "no-cache", **ticket.headers}
             return StreamingResponse(body, media_type="text/event-stream", headers=headers)
-        results = await _until_disconnect(request, _collect(outputs, usage, len(jobs)))
+        results = await until_disconnect(request, _collect(outputs, usage, len(jobs)))
     except ClientDisconnected:
         logger.info("client_disconnected request_id=%s", request_id)
         return Response(status_code=CLIENT_CLOSED_REQUEST, headers=ticket.headers)
@@ -150,7 +128,8 @@ async def _serve_cached(
         shape = ResponseShape(chat, _request_id(chat), engine.served_model_name, tool_format=fmt)
         return replay(ticket.value, shape, req.stream, req.include_usage, ticket.headers)
     try:
-        prepared = scoped_to_tenant(prepare(req, engine), request_tenant(request))  # tenants share no pages
+        # template, tokenizer and schema checks are CPU work: off the event loop, which serves every stream
+        prepared = scoped_to_tenant(await asyncio.to_thread(prepare, req, engine), request_tenant(request))
         return await _serve(request, engine, prepared, chat, req.stream, req.include_usage, ticket)
     except BaseException:
         ticket.release()  # identical misses waiting on this one look again

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from kvstrata.engine.sampling_params import InvalidRequestError, SamplingParams
-from kvstrata.serving.errors import APIError
+from kvstrata.serving.errors import APIError, quote
 from kvstrata.serving.protocol import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     ChatCompletionRequest,
@@ -37,7 +37,7 @@ class PreparedRequest:
 def check_model(model: str | None, engine: AsyncEngine) -> None:
     """404 model_not_found unless `model` is the served model (None means the served model)."""
     if model is not None and model != engine.served_model_name:
-        msg = f"The model `{model}` does not exist; this server serves `{engine.served_model_name}`"
+        msg = f"The model {quote(model)} does not exist; this server serves `{engine.served_model_name}`"
         raise APIError(404, msg, param="model", code="model_not_found")
 
 

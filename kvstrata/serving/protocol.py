@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kvstrata.engine.sampling_params import PROMPT_CACHE_KEY_MAX_CHARS, InvalidRequestError, SamplingParams
+from kvstrata.serving.errors import quote
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -59,7 +60,7 @@ class ChatMessage(BaseModel):
         for part in v:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise ValueError(f"only text content parts are supported, got {kind!r}; send text as a string")
+                raise ValueError(f"only text content parts are supported, got {quote(kind)}; send text as a string")
             texts.append(part["text"])
         return "\n".join(texts)
 
@@ -124,7 +125,7 @@ class _SamplingRequest(BaseModel):
     def _logit_bias_shape(cls, v: dict[str, float] | None) -> dict[str, float] | None:
         for key, bias in (v or {}).items():
             if not key.isdigit():
-                raise ValueError(f"logit_bias keys must be token ids written as strings, got {key!r}")
+                raise ValueError(f"logit_bias keys must be token ids written as strings, got {quote(key)}")
             if not -100 <= bias <= 100:
                 raise ValueError(f"logit_bias values must be between -100 and 100, got {bias}")
         return v

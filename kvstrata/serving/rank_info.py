@@ -1,9 +1,10 @@
 """`GET /v1/kvstrata/info`: what a gateway needs to route by this rank's cache.
 
-The model (for the same tokenizer and chat template), the page size and the page-hash namespace
-root (to hash prompts exactly as this rank does), the pool size, and where this rank publishes its
-KV events (`kv/events.py`; null when off). A bound wildcard endpoint is reported as bound
-("tcp://0.0.0.0:5557"); the gateway substitutes the rank's host.
+The model (for the same tokenizer and chat template) and its tool-call parser, the page size and
+the page-hash namespace root (to render and hash prompts exactly as this rank does), the pool
+size, and where this rank publishes its KV events (`kv/events.py`; null when off). A bound
+wildcard endpoint is reported as bound ("tcp://0.0.0.0:5557"); the gateway substitutes the
+rank's host.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def install_rank_info_route(app: FastAPI, state: ServerState) -> None:
         return {
             "served_model_name": engine.info.served_model_name,
             "model": state.model_cfg.model,
+            "tool_call_parser": state.server_cfg.tool_call_parser,
             "page_size": engine.info.page_size,
             "hash_root": cache.root.hex() if cache is not None else None,
             "num_pages": engine.info.num_pages,

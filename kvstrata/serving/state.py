@@ -40,7 +40,8 @@ class ServerState:
         self.lifecycle = Lifecycle()
         self.metrics = Metrics(log_request_stats=self.server_cfg.enable_log_request_stats)
         # raises ValueError on a bad --response-cache-* flag: refused at start, before the port binds
-        self.response_cache = ResponseCacheService(self.server_cfg, self.metrics)
+        tenants = set(self.api_keys.tenants.values()) if self.api_keys.enabled else {None}
+        self.response_cache = ResponseCacheService(self.server_cfg, self.metrics, tenants)
         self.request_log = (
             RequestLog(self.server_cfg.log_requests, self.server_cfg.log_requests_redact)
             if self.server_cfg.log_requests else None

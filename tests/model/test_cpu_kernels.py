@@ -86,6 +86,39 @@ def test_bad_inputs_raise_instead_of_reading_out_of_bounds() -> None:
         cpu_kernels.paged_decode(q, k.double(), v, pages, lt, PS)
 
 
+def test_page_ids_outside_the_pool_raise() -> None:
+    """The ids a row reads are checked against the pool (as rope_store checks its slots); the padding
+    past a row's pages is never read, so it may hold anything."""
+    q, k, v, pages, lt = case([40, 3], 9, 3, 64, torch.float32)
+    num_pages = k.shape[0] // PS
+    for bad in (num_pages, -1, 1 << 40):
+        wrong = pages.clone()
+        wrong[0, 2] = bad  # the third of row 0's three pages
+        with pytest.raises(RuntimeError, match="outside the pool"):
+            cpu_kernels.paged_decode(q, k, v, wrong, lt, PS)
+    padded = pages.clone()
+    padded[1, 1:] = 1 << 40  # row 1 reads one page
+    torch.testing.assert_close(cpu_kernels.paged_decode(q, k, v, padded, lt, PS), reference(q, k, v, pages, lt),
+                               atol=2e-5, rtol=1e-4)
+
+
+EMPTY_BATCH = """
+import torch
+from kvstrata.model import cpu_kernels
+assert cpu_kernels.load_kernels()
+out = cpu_kernels.paged_decode(torch.zeros(0, 9, 64), torch.zeros(64, 3, 64), torch.zeros(64, 3, 64),
+                               torch.zeros(0, 4, dtype=torch.long), torch.zeros(0, dtype=torch.long), 16)
+print(tuple(out.shape))
+"""
+
+
+def test_an_empty_batch_returns_an_empty_result() -> None:
+    """In a child process: the span split divided by the batch size, and SIGFPE killed the server."""
+    done = subprocess.run([sys.executable, "-c", EMPTY_BATCH], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.split() == ["(0,", "9,", "64)"]
+
+
 def test_supports_names_what_falls_back() -> None:
     q = torch.zeros(1, 9, 64)
     assert cpu_kernels.paged_decode_supports(q, torch.zeros(4, 3, 64))

@@ -19,6 +19,8 @@ from kvstrata.model.weights import load_weights
 
 CPU = torch.device("cpu")
 PS = 4
+pytestmark = pytest.mark.skipif(not cpu_kernels.int_dot_simd(), reason="the one-op decode runs the integer-dot "
+                                "kernels' vector forms only: this CPU has neither AVX512-VNNI nor AVX2+FMA+F16C")
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -111,3 +111,15 @@ def test_backend_uses_the_kernel_where_it_applies_and_sdpa_elsewhere(dtype: torc
     assert torch.equal(out[:50], want1) and torch.equal(out[50:70], want2)
     want_d = cpu_kernels.paged_decode(q[70:], k, v, tail[None, :], torch.tensor([121]), PS)
     assert torch.equal(out[70:], want_d)
+
+
+def test_page_ids_outside_the_pool_raise() -> None:
+    q, k, v, pages = case(4, 40)
+    num_pages = k.shape[0] // PS
+    for bad in (num_pages, -1):
+        wrong = pages.clone()
+        wrong[-1] = bad
+        with pytest.raises(RuntimeError, match="outside the pool"):
+            cpu_kernels.paged_prefill(q, k, v, wrong, 40, PS)
+    longer = torch.cat([pages, torch.tensor([1 << 40])])  # a page past kv_len is never read
+    torch.testing.assert_close(cpu_kernels.paged_prefill(q, k, v, longer, 40, PS), cpu_kernels.paged_prefill(q, k, v, pages, 40, PS))

@@ -20,6 +20,7 @@ from kvstrata.router.app import GatewayThread
 from kvstrata.router.launcher import RankSupervisor, free_port, rank_specs
 from kvstrata.serving.auth import COOKIE
 from kvstrata.serving.dashboard import dashboard_html
+from polling import wait_for
 
 ALICE, BOB = "sk-alice-1", "sk-bob-2"
 CHROMIUM = "/usr/bin/chromium"
@@ -196,3 +197,56 @@ def test_huge_header_at_the_gateway_gets_431(http: httpx.Client) -> None:
     for size in (40_000, 200 * 1024):  # the app's limit, then the HTTP parser's
         resp = http.get("/v1/models", headers={**auth(ALICE), "X-Big": "a" * size})
         assert resp.status_code == 431 and resp.json()["error"]["code"] == "headers_too_large", resp.text
+
+
+def _wait_indexed(gw: GatewayThread, rank: int, path: str, body: dict[str, Any], tenant: str) -> None:
+    """Until the gateway's index of `rank` holds the pages of this prompt (the rank's KV events are
+    asynchronous; an agent's next turn comes after its tool ran)."""
+    hasher = gw.gateway.hasher
+    assert hasher is not None
+    prompt = hasher.prompt(path, body, tenant)
+    assert prompt is not None and prompt.hashes
+    assert wait_for(lambda: gw.gateway.pool.workers[rank].index.match_pages(prompt.hashes) > 0, 60), "never indexed"
+
+
+def test_sessions_keep_their_rank_and_their_hits_with_keys_on(gateway: GatewayThread, http: httpx.Client) -> None:
+    """Three agents (two tenants) over cache_aware: every turn of a session lands on the rank that
+    holds its earlier turns, and finds them there. The gateway hashes prompts with the key's tenant
+    as the ranks do; hashed without it, nothing matched and the policy fell back to load."""
+    sessions = {name: (key, tenant, [{"role": "system", "content": f"{uuid.uuid4()} You are agent {name}. " + PROMPT}])
+                for name, key, tenant in (("a", ALICE, "alice"), ("b", BOB, "bob"), ("c", ALICE, "alice"))}
+    ranks: dict[str, list[int]] = {name: [] for name in sessions}
+    cached: dict[str, list[int]] = {name: [] for name in sessions}
+    for turn in range(3):
+        for name, (key, tenant, messages) in sessions.items():
+            messages.append({"role": "user", "content": f"step {turn} of the task"})
+            body = {"messages": messages, "max_tokens": 4, "temperature": 0}
+            resp = http.post("/v1/chat/completions", json=body, headers={**auth(key), "Cache-Control": "no-cache"})
+            assert resp.status_code == 200, resp.text
+            ranks[name].append(int(resp.headers["x-kvstrata-rank"]))
+            cached[name].append(resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+            messages.append({"role": "assistant", "content": resp.json()["choices"][0]["message"]["content"]})
+            _wait_indexed(gateway, ranks[name][-1], "/v1/chat/completions", body, tenant)
+    assert all(len(set(r)) == 1 for r in ranks.values()), ranks
+    assert all(c[0] == 0 and min(c[1:]) >= 96 for c in cached.values()), cached
+
+
+def test_responses_through_the_gateway_chain_on_their_rank_and_belong_to_their_tenant(http: httpx.Client) -> None:
+    first = http.post("/v1/responses", headers=auth(ALICE),
+                      json={"input": f"{uuid.uuid4()} {PROMPT}", "max_output_tokens": 4, "temperature": 0})
+    assert first.status_code == 200, first.text
+    rid, rank = first.json()["id"], first.headers["x-kvstrata-rank"]
+    for _ in range(2):  # chained turns go where the conversation is stored, and hit its pages
+        nxt = http.post("/v1/responses", headers=auth(ALICE),
+                        json={"input": "go on", "previous_response_id": rid, "max_output_tokens": 4, "temperature": 0})
+        assert nxt.status_code == 200, nxt.text
+        assert nxt.headers["x-kvstrata-rank"] == rank
+        assert nxt.json()["usage"]["input_tokens_details"]["cached_tokens"] >= 96
+        rid = nxt.json()["id"]
+    unknown = "resp_" + "0" * (len(rid) - 5)
+    theirs, nobodys = (http.post("/v1/responses", headers=auth(BOB), json={"input": "x", "previous_response_id": r})
+                       for r in (rid, unknown))
+    assert theirs.status_code == nobodys.status_code == 400
+    assert theirs.json()["error"]["message"].replace(rid, "ID") == nobodys.json()["error"]["message"].replace(unknown, "ID")
+    assert {k: v for k, v in theirs.json()["error"].items() if k != "message"} == \
+        {k: v for k, v in nobodys.json()["error"].items() if k != "message"}

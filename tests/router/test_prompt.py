@@ -2,12 +2,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kvstrata.kv.hashing import hash_pages, hash_to_int64, namespace_root
 from kvstrata.model.tokenizer import Tokenizer
 from kvstrata.router.prompt import PromptHasher, SegmentEncoder
+from kvstrata.serving.auth import tenant_extra_key
+from kvstrata.serving.protocol import ChatCompletionRequest
+from kvstrata.serving.responses.request import ResponsesRequest, chat_body
+from kvstrata.serving.tool_calls.plan import plan_tools
 
 ROOT = namespace_root("test/model", "float32", 16, "nhd")
 CHAT = "/v1/chat/completions"
@@ -72,3 +77,43 @@ def test_completions_and_unrenderable_bodies(tokenizer: Tokenizer) -> None:
     assert hasher.prompt(CHAT, {"messages": "not a list"}) is None  # the rank will answer the 400
     assert hasher.prompt(CHAT, {"messages": [{"role": "wizard", "content": "x"}]}) is None
     assert hasher.prompt("/v1/completions", {"prompt": [-1]}) is None
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+def _rank_tokens(tokenizer: Tokenizer, body: dict[str, Any]) -> list[int]:
+    """The prompt a rank builds (serving/prepare.prepare_chat's rendering)."""
+    plan = plan_tools(ChatCompletionRequest.model_validate(body), tokenizer, "auto")
+    return tokenizer.encode(tokenizer.apply_chat_template(plan.messages, add_generation_prompt=True,
+                                                          tools=plan.template_tools))
+
+
+def test_tools_and_responses_bodies_render_as_on_the_rank(tokenizer: Tokenizer) -> None:
+    hasher = PromptHasher(tokenizer, 16, ROOT)
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    chat = {"messages": [{"role": "user", "content": "weather?"},
+                         {"role": "assistant", "content": None, "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": "c1", "content": "sunny"}], "tools": TOOLS}
+    # SmolLM2's template has no tool syntax: the rank writes the tools into the system message
+    assert hasher.tokens(CHAT, chat) == _rank_tokens(tokenizer, chat)
+    responses = {"input": "weather?", "instructions": "Be brief.", "tools": [{"type": "function", **TOOLS[0]["function"]}]}
+    chat_form, _ = chat_body(ResponsesRequest.model_validate(responses), [])
+    assert hasher.tokens("/v1/responses", responses) == _rank_tokens(tokenizer, chat_form)
+    assert hasher.tokens("/v1/responses", {**responses, "previous_response_id": "resp_1"}) is None
+
+
+def test_a_tenant_hashes_as_its_rank_does(tokenizer: Tokenizer) -> None:
+    """With API keys on, a rank mixes the key's tenant into every page hash (auth.tenant_extra_key);
+    so must the gateway, or no authenticated request would ever match the ranks' caches."""
+    hasher = PromptHasher(tokenizer, 16, ROOT)
+    body = {"messages": [{"role": "user", "content": "a long question " * 40}], "cache_salt": "s"}
+    tokens = _rank_tokens(tokenizer, body)
+    n = (len(tokens) - 1) // 16
+    for tenant in ("alice", "bob"):
+        want = [hash_to_int64(h) for h in hash_pages(tokens, 16, ROOT, tenant_extra_key(tenant, "s"))[:n]]
+        prompt = hasher.prompt(CHAT, body, tenant)
+        assert prompt is not None and prompt.hashes == want
+    alice, bob = hasher.prompt(CHAT, body, "alice"), hasher.prompt(CHAT, body, "bob")
+    assert alice is not None and bob is not None and not set(alice.hashes) & set(bob.hashes)

@@ -4,6 +4,7 @@ real openai client: two `kvstrata serve` processes behind `smg launch --policy c
 /server_info and pin each request to a rank (our gateway counts those as "pinned")."""
 from __future__ import annotations
 
+import platform
 import shutil
 import signal
 import subprocess
@@ -21,6 +22,10 @@ from kvstrata.router.launcher import free_port
 from proc_support import KvstrataProcess, alive, descendants, wait_for
 
 MODEL = "tiny"
+pytestmark = pytest.mark.skipif(
+    not (sys.platform == "linux" and platform.machine() == "x86_64") and shutil.which("smg") is None
+    and not Path(sys.executable).with_name("smg").exists(),
+    reason="sglang-router ships smg for x86_64 Linux only (the dev extra installs it there)")
 LONG = " ".join(f"tool{i} returns the weather for city{i} as JSON." for i in range(40))
 
 

@@ -115,3 +115,42 @@ def test_agent_calls_tools_and_answers_over_three_turns(serve_url: str) -> None:
         if k > 0:
             assert cached[0] > 0, cached  # the chained prompt starts with the previous turns
         assert cached[-1] > 0, cached  # the answer's prompt starts with the call's prompt and reply
+
+
+class Address(BaseModel):
+    city: str = Field(max_length=20)
+    country: str = Field(max_length=20)
+
+
+class Trip(BaseModel):
+    traveller: str = Field(max_length=20)
+    destination: Address
+    nights: int = Field(ge=1, le=30)
+
+
+def test_agent_forced_to_a_tool_with_nested_pydantic_parameters(serve_url: str) -> None:
+    """The SDK writes nested models as `$defs` with `#/$defs/...` refs; forced by `tool_choice`,
+    that schema is nested under the call's `arguments` (it got a 400 before the defs were hoisted)."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    booked: list[Trip] = []
+
+    @function_tool
+    def book_trip(trip: Trip) -> str:
+        """Book a trip for a traveller."""
+        booked.append(trip)
+        return f"booked {trip.nights} nights in {trip.destination.city}"
+
+    assert "$defs" in book_trip.params_json_schema  # what the SDK sends
+    client = AsyncOpenAI(base_url=f"{serve_url}/v1", api_key="unused", max_retries=0, timeout=600)
+    agent = Agent(
+        name="booker", instructions="Book the trip the user asks for.", tools=[book_trip],
+        model=OpenAIResponsesModel(model="smollm2", openai_client=client),
+        model_settings=ModelSettings(tool_choice="book_trip", max_tokens=96, temperature=0),
+        tool_use_behavior="stop_on_first_tool",
+    )
+    result = asyncio.run(Runner.run(agent, "Book 3 nights in Lisbon, Portugal for Ana."))
+    assert len(booked) == 1 and isinstance(booked[0].destination, Address)  # arguments the SDK validated
+    assert result.final_output == f"booked {booked[0].nights} nights in {booked[0].destination.city}"

@@ -1,6 +1,7 @@
 """API keys, tenant isolation of both caches, body size/depth limits, and prompts kept out of logs."""
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from pathlib import Path
@@ -13,7 +14,7 @@ from kvstrata.cli import build_parser
 from kvstrata.config import ServerConfig, from_namespace
 from kvstrata.engine.async_engine import AsyncEngine
 from kvstrata.serving.auth import COOKIE, ApiKeys, read_key_file, tenant_extra_key
-from kvstrata.serving.limits import json_depth
+from kvstrata.serving.body_scan import json_depth
 from serving_support import assert_error, make_state, serve
 
 ALICE, BOB = "sk-alice-123", "sk-bob-456"
@@ -126,6 +127,26 @@ def test_tenants_share_no_cached_response(http: httpx.Client) -> None:
         return resp.headers["x-kvstrata-cache"]
 
     assert [status(ALICE), status(ALICE), status(BOB), status(BOB)] == ["miss", "hit", "miss", "hit"]
+
+
+def test_fixed_keys_hold_for_each_tenant(engine: AsyncEngine, key_file: str, tmp_path: Path) -> None:
+    """--response-cache-fixed-keys with keys on: each tenant's copy of a fixed request is never
+    evicted (the keys were once built without a tenant, so no authenticated request hit them)."""
+    fixed = {"prompt": "a fixed question", "max_tokens": 3, "temperature": 0}
+    path = tmp_path / "fixed.jsonl"
+    path.write_text(json.dumps(fixed) + "\n")
+    cfg = ServerConfig(port=0, api_key_file=key_file, response_cache_size=1, response_cache_fixed_keys=str(path))
+    with serve(make_state(engine, cfg)) as srv, httpx.Client(base_url=srv.base_url, timeout=30) as http:
+
+        def status(key: str, body: dict[str, Any]) -> str:
+            resp = http.post("/v1/completions", json=body, headers=auth(key))
+            assert resp.status_code == 200, resp.text
+            return resp.headers["x-kvstrata-cache"]
+
+        assert [status(ALICE, fixed), status(BOB, fixed)] == ["miss", "miss"]  # tenants share no result
+        for i in range(3):  # more ordinary keys than the cache holds: they evict one another
+            assert status(ALICE, {**fixed, "prompt": f"other {i}"}) == "miss"
+        assert [status(ALICE, fixed), status(BOB, fixed)] == ["hit", "hit"]
 
 
 def test_body_over_the_limit_gets_413(http: httpx.Client) -> None:

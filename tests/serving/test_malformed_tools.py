@@ -13,6 +13,8 @@ from serving_support import USER, make_state, serve
 from test_malformed import JSON_CT, Case, H, chat, check_error
 
 OK_PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+NESTED = {"type": "object", "properties": {"home": {"$ref": "#/$defs/Address"}}, "required": ["home"],
+          "$defs": {"Address": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 
 
 def fn(name: str = "get_weather", **extra: Any) -> dict[str, Any]:
@@ -36,6 +38,7 @@ CASES = [
     Case("tool name with spaces", H, chat(tools=[fn("get weather")]), param="tools[0].function.name"),
     Case("tool name too long", H, chat(tools=[fn("x" * 65)]), param="tools[0].function.name"),
     Case("tool name empty", H, chat(tools=[fn("")]), param="tools[0].function.name"),
+    Case("tool name with a trailing newline", H, chat(tools=[fn("get_weather\n")]), param="tools[0].function.name"),
     Case("duplicate tool names", H, tools(fn()), param="tools[1].function.name"),
     Case("tool parameters a list", H, chat(tools=[fn(parameters=[1])]), param="tools[0].function.parameters"),
     Case("tool parameters a string", H, chat(tools=[fn(parameters="{}")]), param="tools[0].function.parameters"),
@@ -47,6 +50,14 @@ CASES = [
          chat(tools=[fn(parameters={"type": "object", "properties": 5})]), param="tools[0].function.parameters"),
     Case("tool parameters dangling $ref", H, chat(tools=[fn(parameters={"$ref": "#/nope"})]),
          param="tools[0].function.parameters"),
+    Case("tool parameters only a $ref to themselves", H, chat(tools=[fn(parameters={"$ref": "#"})]),
+         param="tools[0].function.parameters"),
+    Case("tool parameters a $ref cycle", H, chat(tools=[fn(parameters={
+        "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})]),
+        param="tools[0].function.parameters"),
+    Case("tool parameters with 10,000 properties", H, chat(tools=[fn(parameters={
+        "type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(10_000)}})]),
+        param="tools[0].function.parameters"),
     Case("tool description a number", H, chat(tools=[fn(description=5)]), param="tools[0].function.description"),
     Case("tool strict a string", H, chat(tools=[fn(strict="yes")]), param="tools[0].function.strict"),
     Case("too many tools", H, chat(tools=[fn(f"f{i}") for i in range(129)]), param="tools"),
@@ -73,6 +84,9 @@ CASES = [
          chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "strict": "y", "schema": {}}}),
          param="response_format.json_schema.strict"),
     Case("response_format type missing", H, chat(response_format={}), param="response_format.type"),
+    Case("response_format schema only a $ref", H,
+         chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}),
+         param="response_format.json_schema.schema"),
     # earlier calls in the conversation
     Case("history call without function", H, history({"id": "c1", "type": "function"}),
          param="messages[1].tool_calls[0]"),
@@ -108,6 +122,7 @@ def test_well_formed_tool_requests_are_accepted(base_url: str) -> None:
         tools() | {"tool_choice": "required", "response_format": {"type": "json_object"}},  # the call wins
         chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": OK_PARAMS}}),
         history(CALL) | {"tools": [fn()]},
+        chat(tools=[fn(parameters=NESTED)], tool_choice="required", max_tokens=4),  # $defs, as pydantic writes them
     ]
     with httpx.Client(base_url=base_url, timeout=300) as http:
         for body in good:

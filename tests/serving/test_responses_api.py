@@ -10,8 +10,10 @@ import httpx
 import openai
 import pytest
 
+from kvstrata.engine.async_engine import AsyncEngine
 from kvstrata.serving.server import ServerThread
-from serving_support import assert_error, openai_client
+from polling import wait_for
+from serving_support import RecordingEngine, assert_error, make_state, openai_client, serve
 
 TOOLS: list[Any] = [{"type": "function", "name": "get_weather", "description": "Weather in a city", "strict": True,
                      "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
@@ -61,6 +63,9 @@ def test_streamed_events(server: ServerThread, model_name: str) -> None:
     ({"input": [{"type": "function_call_output", "call_id": 5, "output": "x"}]}, "input[0].call_id"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "hi", "tools": [{"type": "function", "name": "bad name"}]}, "tools[0].function.name"),
+    ({"input": "hi", "tool_choice": "required"}, "tool_choice"),  # forced, with no tools to force
+    ({"input": "hi", "tool_choice": {"type": "function", "name": "get_weather"}}, "tool_choice"),
+    ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "answer"}}}, "text.format.schema"),
 ])
 def test_unsupported_or_bad_fields_get_a_400_naming_them(http: httpx.Client, body: dict[str, Any], param: str) -> None:
     assert_error(http.post("/v1/responses", json=body), 400, param)
@@ -69,3 +74,14 @@ def test_unsupported_or_bad_fields_get_a_400_naming_them(http: httpx.Client, bod
 def test_openai_client_raises_on_unsupported(server: ServerThread, model_name: str) -> None:
     with pytest.raises(openai.BadRequestError):
         openai_client(server).responses.create(model=model_name, input="hi", reasoning={"effort": "high"})
+
+
+def test_a_client_that_leaves_aborts_its_non_streamed_response(engine: AsyncEngine, model_name: str) -> None:
+    rec = RecordingEngine(engine)
+    body = {"model": model_name, "input": "tell me a long story", "max_output_tokens": 1900, "temperature": 0}
+    with serve(make_state(rec)) as srv:
+        with httpx.Client(base_url=srv.base_url, timeout=0.5) as http, pytest.raises(httpx.ReadTimeout):
+            http.post("/v1/responses", json=body)
+        assert wait_for(lambda: bool(rec.ended), 60), "the request never ended"
+        assert list(rec.ended.values()) == ["closed"], rec.ended  # aborted, not generated to the end
+        assert wait_for(lambda: not engine.engine.has_unfinished(), 60)

@@ -230,9 +230,9 @@ def test_store_faults_under_load_fail_no_request(tiny_model_dir: Path, redis_pro
         time.sleep(2.1)
         settle_and_flush(http)
         store.hanging = True
-        t0 = time.monotonic()
-        turn()  # 7: every store call hangs: prefetches time out, requests go on
-        hung_turn_s = time.monotonic() - t0
+        hung = turn()  # 7: every store call hangs: prefetches time out, requests go on
+        # answered while every store call still hangs: a request that waited on one would never have
+        hung_turn_answered = all(r.status == 200 for r in hung) and not store.release.is_set()
         # the writer abandons its hung call and empties its queue while the store still hangs
         writer_unstuck = tiers.writer.drain(CALL_TIMEOUT_S + 3.0)
         stuck = tiers.writer.store.caller.num_stuck
@@ -262,7 +262,7 @@ def test_store_faults_under_load_fail_no_request(tiny_model_dir: Path, redis_pro
     assert errors["timeout"] >= 1, errors  # the hung calls were abandoned, not waited on
     io_errors = sum(metric(metrics, "kvstrata:kvstore_errors_total", kind=k) for k in ("exists", "read", "write"))
     assert io_errors >= 2  # the killed and the stopped server
-    assert writer_unstuck and stuck >= 1 and hung_turn_s < 5.0, (writer_unstuck, stuck, hung_turn_s)
+    assert writer_unstuck and stuck >= 1 and hung_turn_answered, (writer_unstuck, stuck, hung_turn_answered)
     assert all(r.cached > 0 for r in back), [r.cached for r in back]  # L3 serves hits again
     assert metric(metrics, "kvstrata:prefix_cache_hits_total", tier="store") > 0
     assert shutdown_s < 10.0, shutdown_s

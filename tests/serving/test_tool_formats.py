@@ -6,9 +6,12 @@ the Hermes/Qwen and Llama-3 ones are written in those families' documented outpu
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvstrata.serving.tool_calls.formats import FORMATS, pick_format
 from kvstrata.serving.tool_calls.output import ToolCallStream, chat_message
@@ -78,14 +81,78 @@ def test_streamed_reply(fmt: str, text: str, content: str | None, calls: list[tu
 
 
 def test_a_call_cut_by_max_tokens() -> None:
-    """Not a call when whole (content, the engine's finish reason); streamed, what was sent stays sent."""
+    """A named call cut by max_tokens stays a call, with its arguments cut and the engine's reason,
+    streamed or not (as OpenAI answers)."""
     text = '<tool_call>\n{"name": "a", "arguments": {"x": 1'
-    assert chat_message(FORMATS["hermes"], text, "length") == ({"role": "assistant", "content": text}, "length")
+    message, reason = chat_message(FORMATS["hermes"], text, "length")
+    assert reason == "length" and message["content"] is None
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [("a", '{"x": 1')]
     _, calls, _, _ = _stream("hermes", list(text))
     stream = ToolCallStream(FORMATS["hermes"])
-    stream.feed(text, False)
+    stream.feed(text, True)
     assert stream.finish_reason("length") == "length"
-    assert calls[0]["name"] == "a" and '{"x": 1'.startswith(calls[0]["arguments"])
+    assert (calls[0]["name"], calls[0]["arguments"]) == ("a", '{"x": 1')
+
+
+# replies where streamed and whole answers once disagreed, and other edges of the rules
+EDGES = [
+    ("json", '{"name":"f","arguments":{}} Done'),  # a call, then content
+    ("json", '  {"name": "f", "arguments": {"a": [1, {"b": "}"}]}}{"name": "g", "arguments": {}}'),
+    ("json", '{"name": "f", "arguments": {}, "extra": 1}'),  # named, then not a call
+    ("json", '{"arguments": {"q": "\\"}, "name": "late"}'),  # an escaped quote: the string never ends
+    ("json", '{"arguments": {"q": 1}, "name": "late"}'),  # the arguments before the name
+    ("json", '{"name": 5, "arguments": {}}'),
+    ("json", '{"name": "f", "arguments": [1]}'),
+    ("json", '{"name": "f", "arguments": {"a": ]}'),
+    ("json", "   "),
+    ("hermes", 'Hi <tool_call>\n{"name": "a", "arguments": {}}\n</tool_call> bye <tool_call>{"name": "b", '
+               '"arguments": {"k": "v"}}</tool_call>'),
+    ("hermes", '<tool_call>\n{"nope": 1}\n</tool_call>'),
+    ("hermes", '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_c'),
+    ("hermes", "text <tool_ca"),
+    ("hermes", "<tool_call>"),
+    ("llama3_json", '<|python_tag|>{"name": "a", "parameters": {}}; nothing'),
+    ("llama3_json", '<|python_ta'),
+    ("llama3_json", '{"name": "a", "parameters": {"s": "x\\"y"}};{"name": "b", "parameters": {}}'),
+]
+ALL = [(fmt, text) for fmt, text, _, _ in OUTPUTS] + EDGES
+
+
+@pytest.mark.parametrize("fmt, text", ALL)
+@settings(max_examples=25, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12))
+def test_streamed_and_whole_replies_agree_wherever_the_stream_is_cut(fmt: str, text: str, cuts: list[int]) -> None:
+    for reason in ("stop", "length"):
+        message, whole_reason = chat_message(FORMATS[fmt], text, reason)
+        bounds = sorted({0, len(text), *(c for c in cuts if c < len(text))})
+        pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])] or [""]
+        content, calls, _, _ = _stream(fmt, pieces)
+        stream = ToolCallStream(FORMATS[fmt])
+        for k, piece in enumerate(pieces):
+            stream.feed(piece, k == len(pieces) - 1)
+        assert stream.finish_reason(reason) == whole_reason
+        want = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]
+        assert [(c["name"], c["arguments"]) for _, c in sorted(calls.items())] == want
+        assert (content.strip() or None if want else content) == message["content"]
+
+
+def test_the_issues_reply_is_a_call_then_content() -> None:
+    message, reason = chat_message(FORMATS["json"], '{"name":"f","arguments":{}} Done', "stop")
+    assert reason == "tool_calls" and message["content"] == "Done"
+    assert message["tool_calls"][0]["function"] == {"name": "f", "arguments": "{}"}
+
+
+def test_a_long_call_streamed_a_character_at_a_time_reads_each_once() -> None:
+    """100 KB of arguments in 1-character deltas: re-parsing the whole reply per delta (as before)
+    is ~5e9 character steps (hours); reading only what is new takes about a second."""
+    text = '{"name": "f", "arguments": {"s": "' + 'a\\"[{' * 20_000 + '"}}'
+    stream = ToolCallStream(FORMATS["json"])
+    started = time.perf_counter()
+    for k in range(len(text)):
+        stream.feed(text[k], k == len(text) - 1)
+    assert time.perf_counter() - started < 60.0
+    assert stream.parser.calls[0].arguments == text[len('{"name": "f", "arguments": '):-1]
+    assert stream.finish_reason("stop") == "tool_calls"
 
 
 def test_content_streams_before_the_call() -> None:

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
@@ -147,6 +148,8 @@ at::Tensor int8_head_logits(const at::Tensor& x, const at::Tensor& packed, const
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "int8_head_logits", [&] {
     quantize_rows<scalar_t>(x.data_ptr<scalar_t>(), rows, K, xu, sx);
   });
+  std::vector<uint32_t> xw(rows * K / 4);  // the kernels read four bytes at a time: copied, not read through a cast
+  std::memcpy(xw.data(), xu.data(), xu.size());
   auto out = at::empty({rows, N}, x.options().dtype(at::kFloat));
   float* o = out.data_ptr<float>();
   const int8_t* w = packed.data_ptr<int8_t>();
@@ -158,7 +161,7 @@ at::Tensor int8_head_logits(const at::Tensor& x, const at::Tensor& packed, const
     const uint32_t* xr[kMaxRows];
     for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
       const int R = static_cast<int>(std::min<int64_t>(kMaxRows, rows - r0));
-      for (int r = 0; r < R; ++r) xr[r] = reinterpret_cast<const uint32_t*>(xu.data() + (r0 + r) * K);
+      for (int r = 0; r < R; ++r) xr[r] = xw.data() + (r0 + r) * K / 4;
       for (int64_t p = first; p < last; ++p) {
         const int64_t nb = 2 * p;
         const bool two = nb + 1 < blocks;

@@ -169,10 +169,7 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
   const int64_t* lens_p = lens.data_ptr<int64_t>();
   const int64_t* pages_p = pages.data_ptr<int64_t>();
   int64_t max_len = 1;
-  for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(lens_p[b] >= 1 && lens_p[b] <= P * page_size, "row ", b, ": length ", lens_p[b], " outside its pages");
-    max_len = std::max(max_len, lens_p[b]);
-  }
+  for (int64_t b = 0; b < B; ++b) max_len = std::max(max_len, lens_p[b]);  // checked by paged_decode
   // enough spans for every thread to have ~4 items, none shorter than 256 tokens
   const int64_t threads = at::get_num_threads();
   const int64_t want = (4 * threads + B * Hkv - 1) / (B * Hkv);
@@ -233,10 +230,24 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
   TORCH_CHECK(pages.scalar_type() == at::kLong && lens.scalar_type() == at::kLong, "int64 pages and lens");
   TORCH_CHECK(pages.is_contiguous() && lens.is_contiguous() && pages.size(0) == q.size(0), "pages [B,P]");
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(), "one dtype");
-  const int64_t H = q.size(1), Hkv = k_cache.size(1), D = q.size(2);
-  TORCH_CHECK(H % Hkv == 0 && H / Hkv <= kMaxGroup, "query heads per KV head <= ", kMaxGroup);
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "caches: one shape");
+  const int64_t B = q.size(0), H = q.size(1), Hkv = k_cache.size(1), D = q.size(2);
+  TORCH_CHECK(Hkv > 0 && H % Hkv == 0 && H / Hkv <= kMaxGroup, "query heads per KV head <= ", kMaxGroup);
   TORCH_CHECK(D == k_cache.size(2), "head dim");
+  TORCH_CHECK(page_size >= 1 && lens.numel() == B, "page_size >= 1, lens [B]");
   auto out = at::empty_like(q);
+  if (B == 0) return out;  // nothing to attend (and the span split below divides by B)
+  // every page a row reads must lie in the pool (as rope_store checks its slots): a bad id reads out of bounds
+  const int64_t num_pages = k_cache.size(0) / page_size, P = pages.size(1);
+  const int64_t* lens_p = lens.data_ptr<int64_t>();
+  const int64_t* pages_p = pages.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(lens_p[b] >= 1 && lens_p[b] <= P * page_size, "row ", b, ": length ", lens_p[b], " outside its pages");
+    for (int64_t i = 0; i < (lens_p[b] + page_size - 1) / page_size; ++i) {
+      const int64_t id = pages_p[b * P + i];
+      TORCH_CHECK(id >= 0 && id < num_pages, "row ", b, ": page ", id, " outside the pool of ", num_pages, " pages");
+    }
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
     switch (D) {
       case 16: paged_decode_impl<scalar_t, 16>(q, k_cache, v_cache, pages, lens, page_size, out); break;

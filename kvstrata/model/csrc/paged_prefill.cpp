@@ -164,11 +164,8 @@ inline void pack_v_pair(const c10::BFloat16* a, const c10::BFloat16* b, uint32_t
     return;
   }
 #endif
-  uint16_t* v16 = reinterpret_cast<uint16_t*>(vp);
-  for (int d = 0; d < D; ++d) {
-    v16[2 * d] = a[d].x;
-    v16[2 * d + 1] = b != nullptr ? b[d].x : 0;
-  }
+  for (int d = 0; d < D; ++d)  // a's half low, b's high: the pair's little-endian layout
+    vp[d] = static_cast<uint32_t>(a[d].x) | static_cast<uint32_t>(b != nullptr ? b[d].x : 0) << 16;
 }
 
 template <int D>
@@ -214,6 +211,7 @@ void paged_prefill_impl(const at::Tensor& q, const at::Tensor& k_cache, const at
     const int M = kBq * G;
     std::vector<float> s(M * kBk), o(M * D), m(M), l(M * 16), alpha(M);
     std::vector<uint32_t> p32(M * kBk / 2);
+    std::vector<uint32_t> qpairs(M * D / 2);  // the rows' bf16 pairs as 32-bit words (copied: no type punning)
     std::vector<const uint32_t*> q32(M);
     std::vector<int64_t> pos(M);
     for (int64_t item = first; item < last; ++item) {
@@ -223,7 +221,8 @@ void paged_prefill_impl(const at::Tensor& q, const at::Tensor& k_cache, const at
       const int rows = static_cast<int>(qn * G);
       for (int r = 0; r < rows; ++r) {  // row r = query i0 + r / G, head h * G + r % G
         const int64_t i = i0 + r / G;
-        q32[r] = reinterpret_cast<const uint32_t*>(q_p + (i * H + h * G + r % G) * D);
+        std::memcpy(qpairs.data() + r * D / 2, q_p + (i * H + h * G + r % G) * D, D * sizeof(bf16));
+        q32[r] = qpairs.data() + r * D / 2;
         pos[r] = kv_len - n + i;
         m[r] = kNegInf;
         std::fill(l.begin() + r * 16, l.begin() + (r + 1) * 16, 0.f);
@@ -264,9 +263,14 @@ at::Tensor paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const a
               v_cache.scalar_type() == at::kBFloat16, "bfloat16 q and caches");
   TORCH_CHECK(pages.scalar_type() == at::kLong && pages.is_contiguous() && pages.dim() == 1, "int64 pages [P]");
   const int64_t n = q.size(0), H = q.size(1), Hkv = k_cache.size(1), D = q.size(2);
-  TORCH_CHECK(H % Hkv == 0 && D == k_cache.size(2) && D == v_cache.size(2), "heads and head dim");
-  TORCH_CHECK(n >= 1 && kv_len >= n && kv_len <= pages.size(0) * page_size, "kv_len ", kv_len, " for ", n,
-              " queries over ", pages.size(0), " pages");
+  TORCH_CHECK(Hkv > 0 && H % Hkv == 0 && D == k_cache.size(2) && k_cache.sizes() == v_cache.sizes(),
+              "heads and head dim");
+  TORCH_CHECK(page_size >= 1 && n >= 1 && kv_len >= n && kv_len <= pages.size(0) * page_size, "kv_len ", kv_len,
+              " for ", n, " queries over ", pages.size(0), " pages");
+  const int64_t num_pages = k_cache.size(0) / page_size;
+  const int64_t* pg = pages.data_ptr<int64_t>();
+  for (int64_t i = 0; i < (kv_len + page_size - 1) / page_size; ++i)  // the pages read: inside the pool
+    TORCH_CHECK(pg[i] >= 0 && pg[i] < num_pages, "page ", pg[i], " outside the pool of ", num_pages, " pages");
   auto out = at::empty_like(q);
   switch (D) {
     case 16: paged_prefill_impl<16>(q, k_cache, v_cache, pages, kv_len, page_size, out); break;

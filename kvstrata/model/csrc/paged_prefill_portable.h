@@ -44,11 +44,9 @@ inline void softmax_block(float* sr, float& m, float* l16, float& alpha, uint32_
     return;
   }
   float e[kBk];
-  uint16_t* p16 = reinterpret_cast<uint16_t*>(pr);
-  for (int j = 0; j < kBk; ++j) {
-    e[j] = exp_or_zero(sr[j] - m_new);
-    p16[j] = c10::BFloat16(e[j]).x;  // round to nearest even, as vcvtne2ps2bf16
-  }
+  for (int j = 0; j < kBk; ++j) e[j] = exp_or_zero(sr[j] - m_new);
+  for (int j = 0; j < kBk; j += 2)  // pairs, the even element low; rounded to nearest even, as vcvtne2ps2bf16
+    pr[j / 2] = static_cast<uint32_t>(c10::BFloat16(e[j]).x) | static_cast<uint32_t>(c10::BFloat16(e[j + 1]).x) << 16;
   alpha = m == kNegInf ? 0.f : kvstrata::exp_nonpositive(m - m_new);
   for (int i = 0; i < 16; ++i) l16[i] = l16[i] * alpha + ((e[i] + e[16 + i]) + (e[32 + i] + e[48 + i]));
   m = m_new;

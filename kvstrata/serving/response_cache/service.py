@@ -13,15 +13,18 @@ Every response carries `x-kvstrata-cache: hit|miss|bypass` (`ticket.headers`).
 
 Flags are checked at construction (ConfigError), so a bad one stops the server at start. The key namespace
 (model and chat template) needs the engine, so the cache itself, and the fixed keys, are built at
-the first request that finds an engine.
+the first request that finds an engine. A key holds the request's tenant (tenants never share a
+result), so each fixed request is a fixed key once per tenant the server knows (`tenants`: those
+of its API keys, or the one anonymous tenant when keys are off).
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable
 
 from fastapi import Request
 from pydantic import BaseModel
@@ -31,6 +34,7 @@ from kvstrata.config import ConfigError, ServerConfig
 from kvstrata.engine.outputs import RequestOutput
 from kvstrata.engine.sampling_params import InvalidRequestError
 from kvstrata.serving.auth import request_tenant
+from kvstrata.serving.errors import quote
 from kvstrata.serving.metrics import Metrics
 from kvstrata.serving.prepare import check_model
 from kvstrata.serving.response_cache.cache import ResponseCache
@@ -101,7 +105,9 @@ BYPASS = Ticket("bypass")
 
 
 class ResponseCacheService:
-    def __init__(self, cfg: ServerConfig, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self, cfg: ServerConfig, metrics: Metrics | None = None, tenants: Iterable[str | None] = (None,)
+    ) -> None:
         size, list_size, path = cfg.response_cache_size, cfg.response_cache_list_size, cfg.response_cache_fixed_keys
         if size < 0:
             raise ConfigError(f"--response-cache-size must be >= 0 keys (0 = off), got {size}")
@@ -119,6 +125,7 @@ class ResponseCacheService:
             self._fixed_requests = load_fixed_keys(path) if path is not None else []
         except ValueError as exc:  # a line that is not a request body
             raise ConfigError(f"--response-cache-fixed-keys {exc}") from exc
+        self._tenants = sorted(set(tenants), key=str)
         self._metrics = metrics
         self._cache: ResponseCache[CachedResponse] | None = None
         self._namespace = ""
@@ -133,7 +140,8 @@ class ResponseCacheService:
             return BYPASS
         check_model(getattr(req, "model", None), engine)  # a hit must refuse what a miss refuses
         cache = self._bound(engine)
-        key = request_key(route, req, self._namespace, request_tenant(request))
+        # a canonical dump and hash of the whole body: CPU work, kept off the event loop
+        key = await asyncio.to_thread(request_key, route, req, self._namespace, request_tenant(request))
         deterministic, seed = is_deterministic(req), getattr(req, "seed", None)
         while True:
             value = cache.get(key, seed)
@@ -153,7 +161,7 @@ class ResponseCacheService:
             "size": self.size,
             "list_size": self.list_size,
             "entries": cache.entries if cache else 0,
-            "fixed_keys": cache.fixed_keys if cache else len(self._fixed_requests),
+            "fixed_keys": cache.fixed_keys if cache else len(self._fixed_requests) * len(self._tenants),
             "hits": self.hits,
             "misses": self.misses,
             "evictions": cache.evictions if cache else 0,
@@ -169,7 +177,8 @@ class ResponseCacheService:
         """The cache, built at the first request (the key namespace needs the loaded engine)."""
         if self._cache is None:
             self._namespace = engine_namespace(engine)
-            fixed = [request_key(route, req, self._namespace) for route, req in self._fixed_requests]
+            fixed = [request_key(route, req, self._namespace, tenant)
+                     for route, req in self._fixed_requests for tenant in self._tenants]
             self._cache = ResponseCache(self.size, self.list_size, fixed)
             logger.info(
                 "response_cache_ready size=%d list_size=%d fixed_keys=%d", self.size, self.list_size, len(set(fixed))
@@ -199,7 +208,7 @@ async def _opted_out(request: Request) -> bool:
     body = await request.json()  # parsed once already for validation; Starlette keeps it
     flag = body.get("cache", True) if isinstance(body, dict) else True
     if not isinstance(flag, bool):
-        raise InvalidRequestError(f"cache must be true or false, got {flag!r}", "cache", "invalid_value")
+        raise InvalidRequestError(f"cache must be true or false, got {quote(flag)}", "cache", "invalid_value")
     return not flag
 
 

@@ -13,7 +13,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvstrata.serving.tool_calls.formats import ToolCallFormat, parse
+from kvstrata.serving.tool_calls.formats import ToolCallFormat
+from kvstrata.serving.tool_calls.output import whole_reply
 
 
 def new_id(prefix: str) -> str:
@@ -30,14 +31,15 @@ def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str
             "status": status}
 
 
-def split_reply(fmt: ToolCallFormat | None, text: str) -> tuple[str, list[tuple[str, str]]]:
-    """(content, [(name, arguments)]) of a finished reply."""
+def split_reply(fmt: ToolCallFormat | None, text: str) -> tuple[str, list[tuple[str, str]], bool]:
+    """(content, [(name, arguments)], whether every call is whole) of a finished reply, read as
+    its stream is (tool_calls/parser.py)."""
     if fmt is None:
-        return text, []
-    parsed = parse(fmt, text, final=True)
-    if not parsed.valid or not parsed.calls:
-        return text, []
-    return parsed.content.strip(), [(c.name or "", c.arguments) for c in parsed.calls]
+        return text, [], False
+    content, calls, complete = whole_reply(fmt, text)
+    if not calls:
+        return content, [], False
+    return content.strip(), [(c.name, c.arguments) for c in calls], complete
 
 
 def output_items(content: str, calls: list[tuple[str, str]]) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvstrata.engine.sampling_params import InvalidRequestError
+from kvstrata.serving.errors import QUOTE_CHARS, quote
 
 PASSED_THROUGH = ("prompt_cache_key", "prompt_cache_retention", "cache_salt", "seed", "top_k", "stop")
 
@@ -41,7 +42,8 @@ class ResponsesRequest(BaseModel):
     def refuse_unsupported(self) -> None:
         for name, value in (self.model_extra or {}).items():
             if value is not None and name not in PASSED_THROUGH:
-                raise InvalidRequestError(f"{name} is not supported by /v1/responses here; omit it", name, "unsupported")
+                raise InvalidRequestError(f"{quote(name)} is not supported by /v1/responses here; omit it",
+                                          name[:QUOTE_CHARS], "unsupported")
         if self.include:
             raise InvalidRequestError("include is not supported; send [] or omit it", "include", "unsupported")
         if self.truncation not in (None, "disabled"):
@@ -91,7 +93,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             text = output if isinstance(output, str) else _text_of(output, f"{param}.output")
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
         else:
-            raise InvalidRequestError(f"{param}.type {kind!r} is not supported; send message, function_call or "
+            raise InvalidRequestError(f"{param}.type {quote(kind)} is not supported; send message, function_call or "
                                       "function_call_output items", f"{param}.type")
     return out
 
@@ -102,8 +104,8 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     out = []
     for i, tool in enumerate(tools):
         if tool.get("type") != "function":
-            raise InvalidRequestError(f"tools[{i}].type {tool.get('type')!r} is not supported; only function tools",
-                                      f"tools[{i}].type", "unsupported")
+            msg = f"tools[{i}].type {quote(tool.get('type'))} is not supported; only function tools"
+            raise InvalidRequestError(msg, f"tools[{i}].type", "unsupported")
         fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out
@@ -122,6 +124,9 @@ def chat_response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     if not isinstance(fmt, dict):
         raise InvalidRequestError("text.format must be an object", "text.format")
     if fmt.get("type") == "json_schema":
+        if not isinstance(fmt.get("schema"), dict):  # OpenAI's is required too (chat's json_schema defaults it)
+            raise InvalidRequestError("text.format.schema is required for type json_schema: send the JSON schema",
+                                      "text.format.schema")
         spec = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
         return {"type": "json_schema", "json_schema": spec}
     return {"type": fmt.get("type")}
@@ -139,5 +144,8 @@ def chat_body(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[dic
         **{k: v for k, v in (req.model_extra or {}).items() if k in PASSED_THROUGH and v is not None},
     }
     if not body["tools"]:
+        if req.tool_choice not in (None, "none", "auto"):
+            raise InvalidRequestError("tool_choice 'required' or a function needs tools; send them or omit tool_choice",
+                                      "tool_choice")
         body.pop("tool_choice")
     return {k: v for k, v in body.items() if v is not None}, conversation

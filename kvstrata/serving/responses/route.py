@@ -3,19 +3,27 @@ through the same validation, tool planning, constrained decoding and engine, and
 response object or its event stream. Stored responses (`store`, default true) let a later request
 send only its new input with `previous_response_id`; the conversation is re-rendered from the
 stored messages in the same spelling, so the prompt starts with the previous prompt and reply and
-the prefix cache serves them (`usage.input_tokens_details.cached_tokens`)."""
+the prefix cache serves them (`usage.input_tokens_details.cached_tokens`).
+
+Stored responses belong to the API key's tenant (store.py): another tenant's id is "not found",
+word for word. Every answer carries `RESPONSE_ID_HEADER`, which the DP gateway reads to send a
+later `previous_response_id` to the rank that stored it. A non-streamed request whose client
+leaves is aborted (disconnect.py), as on the chat routes."""
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
+from kvstrata.engine.outputs import RequestOutput
 from kvstrata.engine.sampling_params import InvalidRequestError
 from kvstrata.serving.auth import request_tenant, scoped_to_tenant
 from kvstrata.serving.deadline import with_deadline
-from kvstrata.serving.errors import validation_error_to_api_error
+from kvstrata.serving.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, until_disconnect
+from kvstrata.serving.errors import quote, validation_error_to_api_error
 from kvstrata.serving.prepare import prepare_chat
 from kvstrata.serving.protocol import ChatCompletionRequest
 from kvstrata.serving.responses.output import (
@@ -25,9 +33,28 @@ from kvstrata.serving.responses.request import ResponsesRequest, chat_body
 from kvstrata.serving.responses.store import ResponseStore
 from kvstrata.serving.responses.stream import response_events
 from kvstrata.serving.streaming import UsageTracker, fan_out, merge_choices, raise_if_failed
+from kvstrata.serving.tool_calls.output import finish_reason
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from kvstrata.serving.state import ServerState
+
+RESPONSE_ID_HEADER = "x-kvstrata-response-id"
+
+
+async def _collect(outputs: AsyncIterator[tuple[int, RequestOutput]], usage: UsageTracker) -> tuple[str, str | None]:
+    """(text, finish reason) of the one choice."""
+    texts, reason = [], None
+    try:
+        async for index, out in outputs:
+            usage.observe(index, out)
+            raise_if_failed(out)
+            texts.append(out.new_text)
+            reason = out.finish_reason if out.finished else reason
+    finally:
+        await outputs.aclose()  # type: ignore[attr-defined]
+    return "".join(texts), reason
 
 
 def install_responses_route(app: FastAPI, state: ServerState, store: ResponseStore | None = None) -> ResponseStore:
@@ -37,11 +64,12 @@ def install_responses_route(app: FastAPI, state: ServerState, store: ResponseSto
     async def responses(req: ResponsesRequest, request: Request) -> Response:
         req.refuse_unsupported()
         engine = state.ready_engine()
+        tenant = request_tenant(request)
         history: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
-            found = store.get(req.previous_response_id)
-            if found is None:
-                raise InvalidRequestError(f"no stored response {req.previous_response_id!r} (kept: the last "
+            found = store.get(tenant, req.previous_response_id)
+            if found is None:  # the same words for an id of another tenant: no oracle
+                raise InvalidRequestError(f"no stored response {quote(req.previous_response_id)} (kept: the last "
                                           f"{store.max_responses}, in memory)", "previous_response_id", "not_found")
             history = found
         body, conversation = chat_body(req, history)
@@ -49,35 +77,32 @@ def install_responses_route(app: FastAPI, state: ServerState, store: ResponseSto
             chat = ChatCompletionRequest.model_validate(body)
         except ValidationError as exc:
             raise validation_error_to_api_error(exc.errors()) from None
-        prepared = prepare_chat(chat, engine, state.server_cfg.tool_call_parser)
-        prepared = scoped_to_tenant(prepared, request_tenant(request))
+        # template, tokenizer and schema checks: CPU work, kept off the event loop
+        prepared = await asyncio.to_thread(prepare_chat, chat, engine, state.server_cfg.tool_call_parser)
+        prepared = scoped_to_tenant(prepared, tenant)
         response_id = new_id("resp")
         header = ResponseHeader(response_id, engine.served_model_name, req.model_dump(exclude_none=True))
         jobs = fan_out(response_id, prepared)
         usage = UsageTracker([len(p) for p in prepared.prompts], 1)
         outputs = with_deadline(merge_choices(engine, jobs), prepared.timeout_s)
+        headers = {RESPONSE_ID_HEADER: response_id}
 
         def keep(items: list[dict[str, Any]]) -> None:
             if req.store:
-                store.put(response_id, conversation + [conversation_turn(items)])
+                store.put(tenant, response_id, conversation + [conversation_turn(items)])
 
         if req.stream:
             events = response_events(header, prepared.tool_format, outputs, usage, keep)
-            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        texts, reason = [], None
+            return StreamingResponse(events, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", **headers})
         try:
-            async for index, out in outputs:
-                usage.observe(index, out)
-                raise_if_failed(out)
-                texts.append(out.new_text)
-                reason = out.finish_reason if out.finished else reason
-        finally:
-            await outputs.aclose()  # type: ignore[attr-defined]
-        content, calls = split_reply(prepared.tool_format, "".join(texts))
+            text, reason = await until_disconnect(request, _collect(outputs, usage))
+        except ClientDisconnected:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        content, calls, complete = split_reply(prepared.tool_format, text)
         items = output_items(content, calls)
         keep(items)
-        if calls:
-            reason = "tool_calls"
-        return JSONResponse(header.body("completed", items, responses_usage(usage.body()), reason))
+        reason = finish_reason(complete, reason)
+        return JSONResponse(header.body("completed", items, responses_usage(usage.body()), reason), headers=headers)
 
     return store

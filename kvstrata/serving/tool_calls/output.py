@@ -3,7 +3,8 @@
 Non-streamed: `message.tool_calls` (each with an id, `type: "function"`, the name and the raw
 argument text) and `finish_reason: "tool_calls"`. Streamed: for each call, first a delta with its
 index, id, type and name (arguments ""), then argument fragments; their concatenation is the
-final argument text. A reply that turns out not to be calls is sent as content.
+final argument text. Both read the reply with the same `ToolCallParser` (parser.py), so a reply
+has the same calls and content streamed or not; a reply that is not calls is content.
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvstrata.serving.tool_calls.formats import ToolCallFormat, parse
+from kvstrata.serving.tool_calls.formats import ToolCallFormat
+from kvstrata.serving.tool_calls.parser import PartialCall, ToolCallParser
 
 
 def call_id() -> str:
@@ -22,14 +24,26 @@ def tool_call_body(name: str, arguments: str, id_: str | None = None) -> dict[st
     return {"id": id_ or call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def chat_message(fmt: ToolCallFormat, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+def whole_reply(fmt: ToolCallFormat, text: str) -> tuple[str, list[PartialCall], bool]:
+    """(content, calls, whether every call is whole) of a finished reply."""
+    parser = ToolCallParser(fmt)
+    content = parser.feed(text, final=True)
+    return content, parser.calls, parser.complete
+
+
+def finish_reason(complete: bool, engine_reason: str | None) -> str | None:
+    """"tool_calls" once the reply ended with whole calls; otherwise the engine's (length, stop)."""
+    return "tool_calls" if engine_reason is not None and complete else engine_reason
+
+
+def chat_message(fmt: ToolCallFormat, text: str, engine_reason: str | None) -> tuple[dict[str, Any], str | None]:
     """(message, finish_reason) of a finished choice."""
-    parsed = parse(fmt, text, final=True)
-    if not parsed.valid or not parsed.calls:
-        return {"role": "assistant", "content": text}, finish_reason
-    calls = [tool_call_body(c.name or "", c.arguments) for c in parsed.calls]
-    content = parsed.content.strip() or None
-    return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+    content, calls, complete = whole_reply(fmt, text)
+    if not calls:
+        return {"role": "assistant", "content": content}, engine_reason
+    bodies = [tool_call_body(c.name, c.arguments) for c in calls]
+    return {"role": "assistant", "content": content.strip() or None, "tool_calls": bodies}, \
+        finish_reason(complete, engine_reason)
 
 
 @dataclass
@@ -37,27 +51,21 @@ class ToolCallStream:
     """One streamed choice: text in, (content delta, tool_call deltas) out."""
 
     fmt: ToolCallFormat
-    text: str = ""
-    content_sent: int = 0
+    parser: ToolCallParser = field(init=False)
     ids: list[str] = field(default_factory=list)
     args_sent: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.parser = ToolCallParser(self.fmt)
 
     @property
     def called(self) -> bool:
         return bool(self.ids)
 
     def feed(self, new_text: str, final: bool) -> tuple[str, list[dict[str, Any]]]:
-        self.text += new_text
-        parsed = parse(self.fmt, self.text, final)
-        content = self.text if not parsed.valid else parsed.content
-        if not parsed.valid and self.ids:  # calls already sent: the rest cannot become content now
-            content = self.text[: self.content_sent]
-        delta = content[self.content_sent:]
-        self.content_sent = max(self.content_sent, len(content))
+        content = self.parser.feed(new_text, final)
         deltas: list[dict[str, Any]] = []
-        for k, call in enumerate(parsed.calls if parsed.valid else []):
-            if call.name is None:
-                break
+        for k, call in enumerate(self.parser.calls):
             if k == len(self.ids):
                 self.ids.append(call_id())
                 self.args_sent.append(0)
@@ -66,13 +74,10 @@ class ToolCallStream:
             if fragment:
                 self.args_sent[k] = len(call.arguments)
                 deltas.append({"index": k, "function": {"arguments": fragment}})
-        return delta, deltas
+        return content, deltas
 
     def finish_reason(self, engine_reason: str | None) -> str | None:
-        if engine_reason is None:
-            return None
-        final = parse(self.fmt, self.text, final=True)
-        return "tool_calls" if self.ids and final.valid else engine_reason
+        return finish_reason(self.parser.complete, engine_reason)
 
 
 def stream_delta(

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from kvstrata.serving.tool_calls.constraints import json_grammar, tool_call_grammar
 from kvstrata.serving.tool_calls.formats import ToolCallFormat, pick_format, template_renders_tools
 from kvstrata.serving.tool_calls.render import messages_for_template
+from kvstrata.serving.tool_calls.schema_check import SchemaBudget
 from kvstrata.serving.tool_calls.validate import check_history_calls, check_tools, forced_tool, response_schema
 
 if TYPE_CHECKING:
@@ -44,17 +45,25 @@ def reply_format(req: ChatCompletionRequest, tokenizer: Tokenizer, parser: str) 
     return pick_format(parser, _template_source(tokenizer))
 
 
+def template_input(req: ChatCompletionRequest, tokenizer: Tokenizer, parser: str) -> tuple[list[dict[str, Any]],
+                                                                                     list[dict[str, Any]] | None]:
+    """(messages, tools) the chat template renders; no checks (the DP gateway renders prompts with
+    it too, so its page hashes are the rank's)."""
+    source = _template_source(tokenizer)
+    shown = None if req.tool_choice == "none" else req.tools
+    messages = [m.for_template() for m in req.messages]
+    return messages_for_template(messages, shown, pick_format(parser, source), template_renders_tools(source))
+
+
 def plan_tools(req: ChatCompletionRequest, tokenizer: Tokenizer, parser: str) -> ToolPlan:
     """Validate the tool fields (400s naming them) and plan the prompt and the constraint."""
-    messages = [m.for_template() for m in req.messages]
-    check_history_calls(messages)
+    check_history_calls([m.for_template() for m in req.messages])
+    budget = SchemaBudget()  # OpenAI's limits hold over all of the request's schemas
     if req.tools:
-        check_tools(req.tools)
+        check_tools(req.tools, budget)
     forced = forced_tool(req.tool_choice, req.tools)
-    schema = response_schema(req.response_format)
-    source = _template_source(tokenizer)
-    fmt = pick_format(parser, source)
-    shown = None if req.tool_choice == "none" else req.tools
-    messages, template_tools = messages_for_template(messages, shown, fmt, template_renders_tools(source))
+    schema = response_schema(req.response_format, budget)
+    messages, template_tools = template_input(req, tokenizer, parser)
+    fmt = pick_format(parser, _template_source(tokenizer))
     grammar = tool_call_grammar(fmt, forced) if forced else json_grammar(schema) if schema is not None else None
     return ToolPlan(messages, template_tools, reply_format(req, tokenizer, parser), grammar)
