@@ -1,6 +1,6 @@
 """TierStats: counters of pages moving through L2 (host) and L3 (store), read at scrape time.
 
-Incremented from the engine thread and the I/O threads, hence the lock. `serving/metrics.py` turns
+Incremented from the engine thread and the I/O threads, hence the lock. `metrics/tiers.py` turns
 a `snapshot()` into `kvstrata:kvstore_{reads,writes,bytes}_total{tier}`,
 `kvstrata:kvstore_prefetch_{started,completed,timeouts}_total` and
 `kvstrata:kvstore_errors_total{backend,kind}`.

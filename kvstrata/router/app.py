@@ -35,7 +35,7 @@ from kvstrata.serving.dashboard import install_dashboard_route
 from kvstrata.serving.errors import install_error_handlers
 from kvstrata.serving.http_protocol import JsonErrorH11Protocol
 from kvstrata.serving.limits import PARSER_BUFFER_BYTES, RequestLimitsMiddleware
-from kvstrata.serving.metrics import CONTENT_TYPE
+from kvstrata.metrics.rank import CONTENT_TYPE
 from kvstrata.serving.response_cache.service import CacheHeaderOnErrors
 from kvstrata.serving.server import UvicornThread
 from kvstrata.serving.shutdown import Lifecycle, LifecycleMiddleware

@@ -27,7 +27,7 @@ from kvstrata.config import RouterConfig
 from kvstrata.router.key_affinity import KeyAffinity, affinity_key
 from kvstrata.router.policy import Decision, make_policy
 from kvstrata.router.prompt import Prompt, PromptHasher
-from kvstrata.router.metrics import RouterMetrics
+from kvstrata.metrics.gateway import RouterMetrics
 from kvstrata.router.passthrough import Release, finish, passthrough
 from kvstrata.router.response_ranks import ResponseRanks
 from kvstrata.router.workers import Worker, WorkerPool

@@ -6,7 +6,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from kvstrata.serving.dashboard import install_dashboard_route
-from kvstrata.serving.metrics import CONTENT_TYPE
+from kvstrata.metrics.rank import CONTENT_TYPE
 from kvstrata.serving.state import ServerState
 
 

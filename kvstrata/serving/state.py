@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig, ServerConfig
 from kvstrata.serving.auth import ApiKeys
 from kvstrata.serving.errors import APIError
-from kvstrata.serving.metrics import Metrics
+from kvstrata.metrics.rank import Metrics
 from kvstrata.serving.request_log import RequestLog
 from kvstrata.serving.response_cache.service import ResponseCacheService
 from kvstrata.serving.shutdown import Lifecycle

@@ -35,7 +35,7 @@ from kvstrata.engine.outputs import RequestOutput
 from kvstrata.engine.sampling_params import InvalidRequestError
 from kvstrata.serving.auth import request_tenant
 from kvstrata.serving.errors import quote
-from kvstrata.serving.metrics import Metrics
+from kvstrata.metrics.rank import Metrics
 from kvstrata.serving.prepare import check_model
 from kvstrata.serving.response_cache.cache import ResponseCache
 from kvstrata.serving.response_cache.key import engine_namespace, is_deterministic, load_fixed_keys, request_key

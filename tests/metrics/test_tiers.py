@@ -4,7 +4,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kvstrata.kv.tier_stats import TierStats
-from kvstrata.serving.tier_metrics import TierCollector
+from kvstrata.metrics.tiers import TierCollector
 
 
 def test_tier_counters_are_exposed_with_their_labels() -> None:

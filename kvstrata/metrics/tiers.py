@@ -12,8 +12,9 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from kvstrata.kv.tier_stats import TierStats
+from kvstrata.metrics import PREFIX
 
-P = "kvstrata:"
+P = PREFIX
 TIERS = ("host", "store")
 
 
