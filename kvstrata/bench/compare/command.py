@@ -65,6 +65,7 @@ def _check(args: argparse.Namespace, engines: list[str]) -> None:
 def run_engine(name: str, args: argparse.Namespace, out_dir: Path, stem: str) -> dict[str, Any]:
     """Start one engine, run the workload and the probe, stop it; its report (or {"error": why})."""
     from kvstrata.bench.compare.workloads import COMPARE_WORKLOADS, probe_config
+    from kvstrata.bench.proc_memory import session_memory
     from kvstrata.bench.throughput.probe import format_probe, probe_throughput
 
     workload = COMPARE_WORKLOADS[args.workload]
@@ -85,6 +86,9 @@ def run_engine(name: str, args: argparse.Namespace, out_dir: Path, stem: str) ->
                 report["throughput"] = probe_throughput(srv.url, args.model, probe_config(args))
             if report.get("throughput"):
                 print(f"compare: {name}: {format_probe(report['throughput'])}", file=sys.stderr)
+            memory = session_memory(srv.proc.pid)  # the server and every process it started
+            report["meta"].update(rss_mb=round(memory.rss_mb, 1), peak_rss_mb=round(memory.peak_mb, 1),
+                                  processes=memory.processes)
     except EngineUnavailable as exc:
         print(f"compare: skipping {name}: {exc}", file=sys.stderr)
         return {"error": str(exc)}
@@ -96,7 +100,7 @@ def _interrupt(sig: int, frame: FrameType | None) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from kvstrata.bench.compare.table import markdown_table, throughput_columns
+    from kvstrata.bench.compare.table import markdown_table, server_columns, throughput_columns
     from kvstrata.bench.compare.workloads import COMPARE_WORKLOADS, workload_plot
     from kvstrata.bench.machine import machine_info, machine_line
 
@@ -124,7 +128,7 @@ def run_compare(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
     probed = any(r.get("throughput") for r in results.values())
-    columns = workload.columns + (throughput_columns(args.decode_batch) if probed else ())
+    columns = workload.columns + (throughput_columns(args.decode_batch) if probed else ()) + server_columns()
     table = markdown_table(results, columns)
     (out_dir / f"{stem}.md").write_text(f"`{command}` ({machine_line()})\n\n{table}\n")
     print(table)

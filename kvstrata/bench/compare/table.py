@@ -63,6 +63,20 @@ def throughput_columns(decode_batch: int) -> tuple[Column, ...]:
     )
 
 
+def server_columns() -> tuple[Column, ...]:
+    """Start-up and memory, for every engine whatever the workload (`meta` of run_engine)."""
+    def memory(r: Report) -> str:
+        meta = r.get("meta", {})
+        if meta.get("rss_mb") is None:
+            return "n/a"
+        return f"{meta['rss_mb']:,.0f} / {meta['peak_rss_mb']:,.0f}"
+
+    return (
+        Column("start to healthy", lambda r: fmt(r.get("meta", {}).get("startup_s"), "{:.0f} s")),
+        Column("server RSS after the run / peak, MB", memory),
+    )
+
+
 def markdown_table(results: dict[str, Report], columns: tuple[Column, ...]) -> str:
     lines = ["| engine | " + " | ".join(c.header for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for name, report in results.items():

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kvstrata.bench.compare import engines
+from kvstrata.bench.compare import command, engines
 from kvstrata.bench.compare.engines import EngineSpec
 from kvstrata.bench.compare.table import markdown_table, throughput_columns
 from kvstrata.bench.compare.workloads import COMPARE_WORKLOADS
@@ -34,7 +34,9 @@ def test_compare_runs_each_engine_and_writes_results(
         "fake": EngineSpec("fake", lambda port, gguf: [sys.executable, FAKE, str(port)], "", "", 30.0),
         "absent": EngineSpec("absent", lambda port, gguf: ["true"], "does/not/exist", "install it", 30.0),
     })
-    monkeypatch.setattr("kvstrata.bench.compare.command.ENGINES", engines.ENGINES)
+    # command.ENGINES is the module's own binding: patched (and restored) on the imported module, never
+    # imported for the first time while engines.ENGINES is the fake (its restore would keep the fake)
+    monkeypatch.setattr(command, "ENGINES", engines.ENGINES)
     rc = main(["bench", "compare", "--engines", "fake,absent", "--model", "ok", "--sessions", "2", "--turns", "2",
                "--system-tokens", "800", "--turn-tokens", "20", "--max-tokens", "4", "--out-dir", str(tmp_path),
                "--port", str(_free_port()), "--tokenizer", tokenizer_path, "--prefill-tokens", "64",
@@ -137,7 +139,7 @@ def test_compare_multiround_with_the_probe(
         assert [r["turn"] for r in report["per_round"]] == [0, 1]
         assert report["throughput"]["errors"] == 0 and set(report["throughput"]["decode_tokens_per_s"]) == {"1", "2"}
     header = table.splitlines()[2]
-    assert "TTFT p50 by round (s)" in header and header.endswith("| decode tokens/s, batch 2 | probe errors |")
+    assert "TTFT p50 by round (s)" in header and header.endswith("| decode tokens/s, batch 2 | probe errors | start to healthy | server RSS after the run / peak, MB |")
     assert table.count("| kvstrata |") == 1 and table.count("| peer |") == 1
 
 
@@ -175,4 +177,10 @@ def test_compare_throughput_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert all(r["throughput"]["prefill_tokens_per_s"] > 0 for r in summary["engines"].values())
     assert "(machine: " in table.splitlines()[0] and summary["machine"]["torch_version"]
     assert table.splitlines()[2] == ("| engine | cold prefill tokens/s | decode tokens/s, batch 1 | "
-                                     "decode tokens/s, batch 8 | probe errors |")
+                                     "decode tokens/s, batch 8 | probe errors | start to healthy | "
+                                     "server RSS after the run / peak, MB |")
+    for name, report in summary["engines"].items():  # the fake server's own process, measured from /proc
+        meta = report["meta"]
+        assert meta["processes"] >= 1 and 10 < meta["rss_mb"] <= meta["peak_rss_mb"], meta
+        row = next(line for line in table.splitlines() if line.startswith(f"| {name} |"))
+        assert row.endswith(f"| {meta['startup_s']:.0f} s | {meta['rss_mb']:,.0f} / {meta['peak_rss_mb']:,.0f} |")
