@@ -37,8 +37,10 @@ class GgufRows:
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
-        values = dequantize(raw, GGMLQuantizationType[self.type_name])
         shape = (raw.shape[0], self.shape[1])
+        if raw.shape[0] == 0:  # a step with no rows to read (gguf's dequantize cannot take none)
+            return torch.empty(shape, dtype=dtype)
+        values = dequantize(raw, GGMLQuantizationType[self.type_name])
         return torch.from_numpy(np.array(values, dtype=np.float32, copy=True).reshape(shape)).to(dtype)
 
 

@@ -112,3 +112,21 @@ def test_q4_decode_on_needs_quantized_weights(tiny_model_dir: Path) -> None:
 
     with pytest.raises(ConfigError, match="no quantized linears"):
         LLM(str(tiny_model_dir), q4_decode="on", max_total_tokens=64)
+
+
+def test_a_prompt_longer_than_a_step_on_a_model_without_dense_copies() -> None:
+    """The first chunks of a long prompt want no logits: the head (int8, exact rows from the file) gets
+    zero rows and must give zero rows of logits (the file-row reader failed on an empty read: a 500 for
+    every prompt longer than a step on models over --prefill-weights auto's 1 GiB)."""
+    from kvstrata import LLM, SamplingParams
+
+    lean = LLM("smollm2", prefill_weights="dequant", max_num_batched_tokens=32, max_total_tokens=512)
+    assert lean.engine.model.head.dense is None and lean.engine.model.head.rows is not None
+    prompt = "Write down every number from one to forty, separated by commas: one, two, three,"
+    params = SamplingParams(max_tokens=8, temperature=0)
+    ids = lean.engine.tokenizer.encode(prompt * 3)
+    assert len(ids) > 32  # a step of prefill with no logits before the one with them
+    out = lean.generate([prompt * 3], params)[0]
+    assert len(out.token_ids) == 8
+    dense = LLM("smollm2", prefill_weights="dense", max_num_batched_tokens=32, max_total_tokens=512)
+    assert dense.generate([prompt * 3], params)[0].token_ids == out.token_ids
