@@ -122,7 +122,7 @@ def run_compare(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     argv = sys.argv[3:] if sys.argv[1:3] == ["bench", "compare"] else []  # as typed, when run from the shell
-    command = " ".join(["kvstrata bench compare", *argv])
+    command = " ".join(["kvstrata bench compare", shlex.join(argv)]).rstrip()
     summary = {"workload": args.workload, "date": stem.split("-", 1)[1], "command": command,
                "machine": machine_info(), "engines": results}
     out_dir.mkdir(parents=True, exist_ok=True)

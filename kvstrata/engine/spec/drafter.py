@@ -1,0 +1,138 @@
+"""A request's drafts: from its own prompt and output, and from its tenant's recent outputs.
+
+`RequestDrafter` keeps one `TokenIndex` over the request's tokens (what the agent already wrote: the
+file it sends back, the JSON it edits, the tool-call skeleton of the last turn) and asks `TenantOutputs`
+for the index of its tenant's finished outputs (the same reply shape across requests). Of the two
+drafts it keeps the one with more expected accepted tokens. A tenant's outputs draft only for that
+tenant's requests: drafts never carry one tenant's text into another's request.
+
+Draft length adapts as in SuffixDecoding: at most `spec_factor` x the matched length (a long match is
+a confident one), never over `max_tokens`. A request whose acceptance stays under `disable_below` after
+`probation` drafted tokens stops drafting (`auto` mode): verifying drafts that fail costs a wider step.
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from kvstrata.engine.spec.token_index import EMPTY, Draft, TokenIndex
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    max_tokens: int = 8  # --num-speculative-tokens
+    spec_factor: float = 1.0
+    min_prob: float = 0.1
+    min_match: int = 2
+    max_match: int = 16
+    disable_below: float = 0.2
+    probation: int = 32
+    tenant_tokens: int = 1 << 16  # each tenant's recent outputs, in tokens
+    max_tenants: int = 256
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_tokens <= 64:
+            raise ValueError(f"max_tokens must be 1-64, got {self.max_tokens}")
+        if not 1 <= self.min_match <= self.max_match:
+            raise ValueError(f"need 1 <= min_match <= max_match, got {self.min_match}, {self.max_match}")
+        if self.spec_factor <= 0 or not 0 < self.min_prob <= 1 or not 0 <= self.disable_below <= 1:
+            raise ValueError("spec_factor > 0, 0 < min_prob <= 1 and 0 <= disable_below <= 1 are required")
+
+
+class TenantOutputs:
+    """Each tenant's recent finished outputs, one index per tenant; oldest outputs and least recently
+    used tenants go first."""
+
+    def __init__(self, config: SpecConfig) -> None:
+        self.config = config
+        self._tenants: OrderedDict[str, tuple[TokenIndex, OrderedDict[int, int]]] = OrderedDict()
+        self._next = 0
+
+    def index(self, tenant: str) -> TokenIndex | None:
+        entry = self._tenants.get(tenant)
+        if entry is None:
+            return None
+        self._tenants.move_to_end(tenant)
+        return entry[0]
+
+    def add(self, tenant: str, output: Sequence[int]) -> None:
+        if not output:
+            return
+        c = self.config
+        if tenant not in self._tenants:
+            self._tenants[tenant] = (TokenIndex(c.max_match), OrderedDict())
+            while len(self._tenants) > c.max_tenants:
+                self._tenants.popitem(last=False)
+        self._tenants.move_to_end(tenant)
+        index, sizes = self._tenants[tenant]
+        seq, self._next = self._next, self._next + 1
+        index.extend(seq, output[-c.tenant_tokens:])
+        sizes[seq] = min(len(output), c.tenant_tokens)
+        while sum(sizes.values()) > c.tenant_tokens:
+            old, _ = sizes.popitem(last=False)
+            index.drop(old)
+
+
+@dataclass
+class SpecStats:
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+    accepted_lengths: dict[int, int] = field(default_factory=dict)  # accepted tokens per verify step -> steps
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+class RequestDrafter:
+    SELF = 0  # the request's own sequence in its index
+
+    def __init__(self, prompt: Sequence[int], tenant: str, outputs: TenantOutputs, config: SpecConfig) -> None:
+        self.config = config
+        self.tenant = tenant
+        self.outputs = outputs
+        self.own = TokenIndex(config.max_match)
+        self.own.extend(self.SELF, prompt)
+        self.context: list[int] = list(prompt)
+        self.output_start = len(self.context)
+        self.stats = SpecStats()
+        self.disabled = False
+
+    def append(self, tokens: Sequence[int]) -> None:
+        """Tokens the request now holds (accepted drafts and sampled tokens)."""
+        self.own.extend(self.SELF, tokens)
+        self.context.extend(tokens)
+
+    def propose(self, max_tokens: int | None = None) -> Draft:
+        """Up to `max_tokens` (the config's cap by default) tokens to verify after the context."""
+        c = self.config
+        cap = min(c.max_tokens, c.max_tokens if max_tokens is None else max_tokens)
+        if self.disabled or cap < 1:
+            return EMPTY
+        best = self.own.propose(self.context, cap, c.min_prob, c.min_match)
+        tenant_index = self.outputs.index(self.tenant)
+        if tenant_index is not None:
+            other = tenant_index.propose(self.context, cap, c.min_prob, c.min_match)
+            if other.score > best.score:
+                best = other
+        keep = min(cap, max(1, math.ceil(c.spec_factor * best.match_len)))
+        return Draft(best.tokens[:keep], best.probs[:keep], best.match_len)
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """One verify step: `accepted` of its `drafted` tokens matched what the model chose."""
+        if not 0 <= accepted <= drafted:
+            raise ValueError(f"accepted ({accepted}) must be within 0..drafted ({drafted})")
+        s = self.stats
+        s.drafted += drafted
+        s.accepted += accepted
+        s.steps += 1
+        s.accepted_lengths[accepted] = s.accepted_lengths.get(accepted, 0) + 1
+        if s.drafted >= self.config.probation and s.acceptance < self.config.disable_below:
+            self.disabled = True
+
+    def finish(self) -> None:
+        """The request ended: its output joins its tenant's recent outputs."""
+        self.outputs.add(self.tenant, self.context[self.output_start:])
