@@ -16,9 +16,8 @@ from prometheus_client.registry import Collector
 from kvstrata.kv.eviction_policy import CLASS_NAMES
 from kvstrata.kv.host_tier import HostTier
 from kvstrata.kv.radix import RadixPrefixCache
-from kvstrata.metrics import PREFIX
+from kvstrata.metrics import PREFIX as P
 
-P = PREFIX
 
 
 class ClassCollector(Collector):

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from kvstrata.engine.outputs import RequestOutput
-from kvstrata.metrics import PREFIX
+from kvstrata.metrics import PREFIX as P
 from kvstrata.metrics.classes import ClassCollector
 from kvstrata.metrics.tiers import TierCollector
 
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 stats_log = logging.getLogger("kvstrata.request_stats")
 
-P = PREFIX
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.25, 0.5, 1.0, 2.5)
 CONTENT_TYPE = CONTENT_TYPE_LATEST

@@ -12,9 +12,8 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from kvstrata.kv.tier_stats import TierStats
-from kvstrata.metrics import PREFIX
+from kvstrata.metrics import PREFIX as P
 
-P = PREFIX
 TIERS = ("host", "store")
 
 

@@ -47,32 +47,29 @@ class TenantOutputs:
 
     def __init__(self, config: SpecConfig) -> None:
         self.config = config
-        self._tenants: OrderedDict[str, tuple[TokenIndex, OrderedDict[int, int]]] = OrderedDict()
+        self._tenants: OrderedDict[str, TokenIndex] = OrderedDict()
         self._next = 0
 
     def index(self, tenant: str) -> TokenIndex | None:
-        entry = self._tenants.get(tenant)
-        if entry is None:
-            return None
-        self._tenants.move_to_end(tenant)
-        return entry[0]
+        index = self._tenants.get(tenant)
+        if index is not None:
+            self._tenants.move_to_end(tenant)
+        return index
 
     def add(self, tenant: str, output: Sequence[int]) -> None:
         if not output:
             return
         c = self.config
         if tenant not in self._tenants:
-            self._tenants[tenant] = (TokenIndex(c.max_match), OrderedDict())
+            self._tenants[tenant] = TokenIndex(c.max_match)
             while len(self._tenants) > c.max_tenants:
                 self._tenants.popitem(last=False)
         self._tenants.move_to_end(tenant)
-        index, sizes = self._tenants[tenant]
-        seq, self._next = self._next, self._next + 1
-        index.extend(seq, output[-c.tenant_tokens:])
-        sizes[seq] = min(len(output), c.tenant_tokens)
-        while sum(sizes.values()) > c.tenant_tokens:
-            old, _ = sizes.popitem(last=False)
-            index.drop(old)
+        index = self._tenants[tenant]
+        index.extend(self._next, output[-c.tenant_tokens:])
+        self._next += 1
+        while index.num_tokens > c.tenant_tokens and (oldest := index.oldest()) is not None:
+            index.drop(oldest)
 
 
 @dataclass
@@ -96,15 +93,18 @@ class RequestDrafter:
         self.outputs = outputs
         self.own = TokenIndex(config.max_match)
         self.own.extend(self.SELF, prompt)
-        self.context: list[int] = list(prompt)
-        self.output_start = len(self.context)
+        self.output_start = len(prompt)
         self.stats = SpecStats()
         self.disabled = False
+
+    @property
+    def context(self) -> list[int]:
+        """The request's tokens: prompt, then output."""
+        return self.own.tokens(self.SELF)
 
     def append(self, tokens: Sequence[int]) -> None:
         """Tokens the request now holds (accepted drafts and sampled tokens)."""
         self.own.extend(self.SELF, tokens)
-        self.context.extend(tokens)
 
     def propose(self, max_tokens: int | None = None) -> Draft:
         """Up to `max_tokens` (the config's cap by default) tokens to verify after the context."""

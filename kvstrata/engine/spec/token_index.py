@@ -53,13 +53,18 @@ class TokenIndex:
         self._pow = [pow(BASE, i, MOD) for i in range(max_match)]
         self._dead = 0  # index entries of dropped sequences, removed when they outnumber the live ones
         self._live = 0
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(s.tokens) for s in self._seqs.values())
+        self.num_tokens = 0  # over the sequences held
 
     def __contains__(self, seq: int) -> bool:
         return seq in self._seqs
+
+    def tokens(self, seq: int) -> list[int]:
+        """Sequence `seq`'s tokens (the index's own list: read, do not change)."""
+        return self._seqs[seq].tokens
+
+    def oldest(self) -> int | None:
+        """The sequence held longest (first extended), or None."""
+        return next(iter(self._seqs), None)
 
     def extend(self, seq: int, tokens: Sequence[int]) -> None:
         """Append `tokens` to sequence `seq` (created if new), indexing every n-gram they end."""
@@ -75,12 +80,14 @@ class TokenIndex:
             for n, h in enumerate(hashes, start=1):
                 self._index[n - 1].setdefault(h, []).append((seq, end))
             self._live += len(hashes)
+        self.num_tokens += len(tokens)
 
     def drop(self, seq: int) -> None:
         """Forget sequence `seq`; its index entries go lazily (skipped, then compacted)."""
         s = self._seqs.pop(seq, None)
         if s is None:
             return
+        self.num_tokens -= len(s.tokens)
         n = sum(min(self.max_match, i + 1) for i in range(len(s.tokens)))
         self._live -= n
         self._dead += n

@@ -101,10 +101,8 @@ class Int8Head:
         given (no bf16 rounding): greedy picks the exact head's argmax whenever it is among the int8 top
         `rescore`, and sampling sees exact values where its mass is."""
         out = self.approx_logits(x)
-        if out.shape[0] == 0:  # a step whose rows all continue a prefill: no logits wanted
-            return out
-        top = out.topk(min(rescore, out.shape[1]), dim=-1).indices  # [S, k]
-        rows = exact[top] if isinstance(exact, torch.Tensor) else exact(top.flatten()).view(*top.shape, -1)
+        top = out.topk(min(rescore, out.shape[1]), dim=-1).indices  # [S, k]; S may be 0 (no logits wanted)
+        rows = exact[top] if isinstance(exact, torch.Tensor) else exact(top.flatten()).view(*top.shape, x.shape[1])
         scores = torch.bmm(rows.float(), x.float().unsqueeze(-1)).squeeze(-1)  # [S, k]
         return out.scatter_(1, top, scores)
 
