@@ -170,6 +170,17 @@ class SchedulerConfig:
         "finish in it too still join), so the oldest prompt's first token is not held back by the next one's chunk",
         flags=("--enable-prefill-finish-first", "--disable-prefill-finish-first"),
     )
+    speculative: str = opt(
+        "auto",
+        "speculative decoding from the agent's own context (kvstrata/engine/spec/): drafts from the request's "
+        "prompt and output (ngram) and from its tenant's recent outputs (suffix), verified in one step; auto = "
+        "suffix, off for a request whose drafts keep failing and for steps already wider than --spec-max-step-rows",
+        choices=["auto", "off", "suffix", "ngram"],
+    )
+    num_speculative_tokens: int = opt(8, "most drafted tokens a request verifies in one step", min=1, max=64)
+    spec_max_step_rows: int = opt(
+        16, "auto: drafts are added only while the step stays within this many rows (decode rows are weight reads "
+        "until then; wider steps are compute-bound)", min=1)
     max_n: int = opt(8, "largest `n` (choices per request) accepted", min=1)
     max_stop_strings: int = opt(16, "most stop strings per request", min=0)
     max_queue_requests: int = opt(

@@ -19,6 +19,8 @@ from kvstrata.engine.request import Request
 from kvstrata.engine.runner import ModelRunner
 from kvstrata.engine.sampling_params import InvalidRequestError, SamplingParams
 from kvstrata.engine.scheduler import ScheduledBatch, Scheduler
+from kvstrata.engine.spec.cost import measure_step_cost
+from kvstrata.engine.spec.speculator import Speculator
 from kvstrata.engine.warmup import WarmupReport, keep_freed_heap, release_freed_heap, warm_up
 from kvstrata.kv.events import attach_kv_events
 from kvstrata.kv.hashing import namespace_root
@@ -39,6 +41,11 @@ from kvstrata.model.weights import load_weights
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# decode steps of up to this many rows stay on the quantized kernels: in float32 the dense GEMM is the slower
+# way for SmolLM2 Q4_1 on the AVX2 EPYC up to 32 rows (ms a step at 12/16/24/32 rows: 39/53/74/100 against
+# 88/97/118/140, docs/speculative.md); bf16's dense GEMM (avx512_bf16) keeps the model's 8
+DECODE_MAX_ROWS = {torch.float32: 32}
+SPEC_COST_ROWS = 8  # rows of the steps that time what a row costs (spec/cost.py)
 WARMUP_MACS = 1 << 38  # the default warm-up step's linear work (Engine.default_warmup_tokens)
 
 
@@ -82,7 +89,8 @@ class Engine:
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(f"--attention-backend {model_cfg.attention_backend}: {exc}") from None
         self.model = LlamaModel(arch, weights.tensors, dtype, device, attention, tiles=weights.tiles, q4=weights.q4,
-                                rows=weights.rows, fused_ops=model_cfg.fused_ops == "auto",
+                                rows=weights.rows, decode_max_rows=DECODE_MAX_ROWS.get(dtype),
+                                fused_ops=model_cfg.fused_ops == "auto",
                                 fused_decode_layers=model_cfg.fused_decode_layers == "auto")
         if model_cfg.q4_decode == "on" and not self.model.uses_quant:
             raise ConfigError(f"--q4-decode on: {path.name} has no quantized linears our kernels run (Q4_0/1, Q5_0/1, "
@@ -142,6 +150,8 @@ class Engine:
             page_size=ps,
         )
         self._requests: dict[str, Request] = {}
+        self.spec = (None if sched_cfg.speculative == "off" else  # speculative decoding (engine/spec/)
+                     Speculator(sched_cfg.speculative, sched_cfg.num_speculative_tokens, sched_cfg.spec_max_step_rows, limit))
         root = self.prefix_cache.root.hex()[:16] if self.prefix_cache is not None else "-"
         log.info(  # kv_namespace: servers share L2/L3 pages only when theirs match (model, dtype, page size, layout)
             "engine ready model=%s dtype=%s pages=%d page_size=%d max_model_len=%d threads=%d kv_namespace=%s "
@@ -194,6 +204,8 @@ class Engine:
         if req is None:
             return None
         self.scheduler.finish(req, "abort")
+        if self.spec is not None:
+            self.spec.finish(req, keep_output=False)
         return self.outputs.output(req)
 
     def has_unfinished(self) -> bool:
@@ -213,6 +225,10 @@ class Engine:
         if not batch:
             self.scheduler.kv.wait_for_io(0.01)  # waiting only on L3 prefetches: sleep, not spin
             return []
+        if self.spec is not None:
+            if not self.spec.measured:
+                self.measure_spec_cost()
+            self.spec.draft(batch, self.scheduler.kv, self.sched_cfg.max_num_batched_tokens - sum(batch.num_tokens))
         try:
             tokens = self.runner.run(batch)
         except Exception as exc:  # one bad batch fails its requests, not the engine
@@ -220,23 +236,41 @@ class Engine:
             return self._fail(batch, f"{type(exc).__name__}: {exc}")
         return self.postprocess(batch, tokens)
 
-    def postprocess(self, batch: ScheduledBatch, tokens: list[int | None]) -> list[RequestOutput]:
-        self.scheduler.advance(batch)
+    def postprocess(self, batch: ScheduledBatch, tokens: list[list[int] | None]) -> list[RequestOutput]:
+        """Append each request's emitted tokens (stopping at the first that ends it), mark the tokens whose
+        K/V the step wrote computed (its last token and the accepted drafts, not the rejected ones),
+        finish what ended; returns each request's output delta."""
         now = time.monotonic()
         outs: list[RequestOutput] = []
-        for req, tok in zip(batch.requests, tokens):
-            if tok is None or req.finished:
+        for i, (req, n) in enumerate(zip(batch.requests, batch.num_tokens)):
+            toks, draft = tokens[i], batch.draft(i)
+            if toks is None or req.finished:
+                self.scheduler.advance(req, n - len(draft))
                 continue
-            req.token_ids.append(tok)
+            reason = None
+            emitted = 0
+            for tok in toks:
+                req.token_ids.append(tok)
+                emitted += 1
+                reason = self.outputs.append_token(req, tok)
+                if req.matcher is not None and advance(req.matcher, tok) and reason is None:
+                    reason = "stop"  # the grammar is complete
+                if reason is not None:
+                    break
+            accepted = len(toks) - 1  # drafted tokens the model agreed with: their K/V is good
+            self.scheduler.advance(req, n - len(draft) + min(emitted, accepted))
+            if draft and reason is None:
+                self.scheduler.kv.trim(req)
             req.stats.output_tokens = req.num_output_tokens
             if req.stats.first_token is None:
                 req.stats.first_token = now
-            reason = self.outputs.append_token(req, tok)
-            if req.matcher is not None and advance(req.matcher, tok) and reason is None:
-                reason = "stop"  # the grammar is complete
+            if self.spec is not None:
+                self.spec.emitted(req, req.token_ids[-emitted:], len(draft), accepted)
             if reason is not None:
                 self.scheduler.finish(req, reason)
                 self._requests.pop(req.request_id, None)
+                if self.spec is not None:
+                    self.spec.finish(req, keep_output=True)
             outs.append(self.outputs.output(req))
         return outs
 
@@ -245,6 +279,8 @@ class Engine:
         for req in batch.requests:
             req.error = error
             self.scheduler.finish(req, "error")
+            if self.spec is not None:
+                self.spec.finish(req, keep_output=False)
             self._requests.pop(req.request_id, None)
             outs.append(self.outputs.output(req))
         return outs
@@ -258,8 +294,20 @@ class Engine:
         """Before any request: one dummy step of `num_tokens` (and a decode step); warmup.py says why.
         Also builds the grammar tokenizer, which would otherwise hold the GIL at the first constrained request."""
         self.grammar.prepare()
+        self.measure_spec_cost()
         return warm_up(self.runner, num_tokens, self.info.max_model_len, self.info.arch.vocab_size,
                        self.sched_cfg.max_num_seqs)
+
+    def measure_spec_cost(self) -> None:
+        """Time what a step's rows cost here (spec/cost.py): drafts join a step only while they pay for
+        it. Done by the warm-up, else before the first step that could draft."""
+        if self.spec is not None:
+            rows = min(SPEC_COST_ROWS, self.sched_cfg.spec_max_step_rows)
+            c = self.spec.cost = measure_step_cost(self.runner, rows, self.info.max_model_len, self.info.arch.vocab_size)
+            self.spec.measured = True
+            log.info("speculative decoding: %s, up to %d drafted tokens a request; a step here costs %.1f ms + %.2f ms a "
+                     "row + %.2f ms a row per 1k tokens of its context", self.spec.mode, self.sched_cfg.num_speculative_tokens,
+                     c.base * 1e3, c.per_row * 1e3, c.per_token * 1e6)
 
     def flush_cache(self) -> int:
         return self.scheduler.kv.reset_cache()

@@ -57,16 +57,26 @@ class GrammarBackend:
             raise InvalidRequestError(f"the output constraint cannot be compiled: {m.get_error()}", "response_format")
         return m
 
-    def mask_logits(self, logits: torch.Tensor, matchers: list[Any]) -> torch.Tensor:
-        """logits: [S, V], one row per sampling request -> the same with each constrained row's forbidden
-        tokens at -inf; rows whose matcher is None are left as they are."""
-        rows = [i for i, m in enumerate(matchers) if m is not None]
-        if not rows:
+    def mask_logits(self, logits: torch.Tensor, matchers: list[Any], drafts: list[list[int]] | None = None) -> torch.Tensor:
+        """logits: [S, V], one row per sampling request (len(drafts[i]) + 1 rows for a request verifying a
+        draft) -> the same with each constrained row's forbidden tokens at -inf; rows whose matcher is
+        None are left as they are. A draft's row j is masked in the grammar's state after draft[:j]
+        (the matcher walks the draft, then rolls back: the engine feeds it what is accepted)."""
+        if all(m is None for m in matchers):
             return logits
         bits = np.full((logits.shape[0], self.mask_words), -1, dtype=np.int32)  # all allowed
-        for i in rows:
-            v = bits[i]
-            matchers[i].unsafe_compute_mask_ptr(v.ctypes.data, v.nbytes)
+        row = 0
+        for i, m in enumerate(matchers):
+            draft = drafts[i] if drafts is not None else []
+            if m is not None:
+                for j in range(len(draft) + 1):
+                    v = bits[row + j]
+                    m.unsafe_compute_mask_ptr(v.ctypes.data, v.nbytes)
+                    if j < len(draft) and not m.consume_token(draft[j]):  # drafts were cut to what it accepts
+                        raise RuntimeError(f"grammar refused draft token {draft[j]}: {m.get_error()}")
+                if draft:
+                    m.rollback(len(draft))
+            row += len(draft) + 1
         forbid = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, : logits.shape[-1]] == 0
         if logits.device.type != "cpu":
             return logits.masked_fill(torch.from_numpy(forbid).to(logits.device), float("-inf"))
@@ -74,7 +84,6 @@ class GrammarBackend:
         out = logits.detach().numpy().copy()
         np.putmask(out, forbid, -np.inf)
         return torch.from_numpy(out)
-
 
 def advance(matcher: Any, token: int) -> bool:
     """Feed the sampled token; True when the grammar is done (or broken) and the request must stop."""

@@ -7,6 +7,7 @@
 - admit:    match the prompt in L1, lock the match, continue the hash chain in L2 (copy those pages
             into fresh L1 pages and cache them), start computing after the hit.
 - allocate: grow the page table to cover the next n tokens, evicting unlocked cache leaves.
+- trim:     after a verify step, give back the pages only rejected drafts used.
 - commit:   after a step, hand newly filled own pages to the cache (duplicates of pages the cache
             already has are swapped for the cache's page and freed), so other requests share them
             while this one is still running.
@@ -119,6 +120,15 @@ class KVCacheManager:
         if pages is None:
             raise RuntimeError(f"allocate({need}) without can_allocate: {self.pool.num_free} free")
         req.pages.extend(pages)
+
+    def trim(self, req: Request) -> None:
+        """Free the request's own pages past its tokens: a verify step allocated slots for its whole
+        draft, and the rejected drafts' slots go back (their K/V is never read: it is past the
+        computed tokens, and the next step writes over what it reuses)."""
+        keep = max(req.num_shared_pages, -(-req.num_tokens // self.page_size))
+        if len(req.pages) > keep:
+            self.pool.free(req.pages[keep:])
+            del req.pages[keep:]
 
     # -- handing pages to the cache --------------------------------------------------------
     def commit(self, req: Request) -> None:

@@ -8,6 +8,7 @@ import torch
 
 from kvstrata.engine.grammar import GrammarBackend
 from kvstrata.engine.scheduler import ScheduledBatch
+from kvstrata.engine.spec.verify import accept
 from kvstrata.kv.pool import PagePool
 from kvstrata.model.attention import AttentionMetadata, PrefillSeq
 from kvstrata.model.cascade_attention import shared_leading_pages
@@ -54,21 +55,23 @@ class ModelRunner:
         logit_rows: list[int] = []
         row = 0
         for i, (req, n) in enumerate(zip(batch.requests, batch.num_tokens)):
+            draft = batch.draft(i)  # verified after the request's last token: one more row each
             start, end = req.num_computed_tokens, req.num_computed_tokens + n
-            ids.extend(req.token_ids[start:end])
+            ids.extend(req.token_ids[start : end - len(draft)])
+            ids.extend(draft)
             positions.extend(range(start, end))
             npg = -(-end // ps)
-            if n == 1:
-                decode_rows.append(row)
-                decode_tables.append(req.pages)  # read-only below, up to its first npg pages
-                decode_lens.append(end)
+            if n == 1 + len(draft):  # a decode row, or a verify step: a decode row per token, each seeing those before it
+                decode_rows.extend(range(row, row + n))
+                decode_tables.extend([req.pages] * n)  # read-only below, up to each row's pages
+                decode_lens.extend(range(start + 1, end + 1))
             else:
                 prefill.append((row, n, end, len(flat), npg))
             slots.extend(slot_range(req.pages, start, end, ps))
             flat.extend(req.pages[:npg])
             row += n
             if batch.samples(i):
-                logit_rows.append(row - 1)
+                logit_rows.extend(range(row - 1 - len(draft), row))
         padded: list[int] = []  # the decode rows' page tables, padded: [Bd, Pmax] row-major
         pmax = 0
         if decode_rows:
@@ -102,16 +105,26 @@ class ModelRunner:
                 meta.decode_shared_pages = shared_leading_pages(decode_tables, decode_lens, ps)
         return input_ids, pos, meta, logit_t
 
-    def run(self, batch: ScheduledBatch) -> list[int | None]:
-        """Next token for each request that reaches the end of its tokens, else None."""
+    def run(self, batch: ScheduledBatch) -> list[list[int] | None]:
+        """The tokens each request emits this step: its next token when it reaches the end of its tokens
+        (after a draft, the accepted drafted tokens then the model's next: spec/verify.py), else None."""
         input_ids, positions, meta, rows = self.prepare(batch)
         logits = self.model.forward(input_ids, positions, meta, self.pool.k, self.pool.v, rows)
-        specs = [
-            SampleSpec(r.params.temperature, r.params.top_p, r.params.top_k, r.sampling_generator(logits.device))
-            for i, r in enumerate(batch.requests)
-            if batch.samples(i)
-        ]
+        sampling = [i for i in range(len(batch)) if batch.samples(i)]
+        reqs = [batch.requests[i] for i in sampling]
+        specs = [SampleSpec(r.params.temperature, r.params.top_p, r.params.top_k, r.sampling_generator(logits.device))
+                 for r in reqs]
+        drafts = [batch.draft(i) for i in sampling]
         if self.grammar is not None:  # constrained requests: forbidden tokens to -inf on their rows
-            logits = self.grammar.mask_logits(logits, [r.matcher for i, r in enumerate(batch.requests) if batch.samples(i)])
-        sampled = iter(sample(logits, specs) if specs else [])
-        return [next(sampled) if batch.samples(i) else None for i in range(len(batch))]
+            logits = self.grammar.mask_logits(logits, [r.matcher for r in reqs], drafts if batch.drafts else None)
+        if not batch.drafts:
+            emitted = iter([[t] for t in sample(logits, specs)] if specs else [])
+        else:
+            greedy = torch.argmax(logits, dim=-1).tolist()  # one host read for every greedy row
+            out, row = [], 0
+            for draft, spec in zip(drafts, specs):
+                k = len(draft) + 1
+                out.append(accept(logits[row : row + k], draft, spec, greedy[row : row + k]))
+                row += k
+            emitted = iter(out)
+        return [next(emitted) if batch.samples(i) else None for i in range(len(batch))]

@@ -114,6 +114,9 @@ class RequestStats:
     tier_tokens: dict[str, int] = field(default_factory=dict)  # device/host/store -> tokens
     cache_key: str | None = None  # the request's prompt_cache_key
     retention: str = "in_memory"  # the request's prompt_cache_retention
+    spec_drafted: int = 0  # speculative decoding (engine/spec/): tokens drafted and verified
+    spec_accepted: int = 0  # drafted tokens the model agreed with (emitted without a step of their own)
+    spec_lengths: dict[int, int] = field(default_factory=dict)  # accepted tokens per verify step -> steps
 
     def as_log_fields(self, finish_reason: str | None) -> dict[str, object]:
         def ms(a: float | None, b: float | None) -> float | None:
@@ -136,5 +139,8 @@ class RequestStats:
             "output_tokens": self.output_tokens,
             "finish_reason": finish_reason,
             "retention": self.retention,
+            **({"spec_drafted": self.spec_drafted, "spec_accepted": self.spec_accepted,
+                "spec_accept_lengths": ",".join(f"{k}:{v}" for k, v in sorted(self.spec_lengths.items()))}
+               if self.spec_drafted else {}),
             **({"prompt_cache_key": json.dumps(self.cache_key)} if self.cache_key is not None else {}),
         }

@@ -29,15 +29,20 @@ from kvstrata.engine.request import Request, RequestStatus
 @dataclass
 class ScheduledBatch:
     requests: list[Request] = field(default_factory=list)
-    num_tokens: list[int] = field(default_factory=list)  # new tokens computed for each request
+    num_tokens: list[int] = field(default_factory=list)  # new tokens computed for each request, drafts included
+    drafts: dict[int, list[int]] = field(default_factory=dict)  # request index -> drafted tokens it verifies
 
     def __len__(self) -> int:
         return len(self.requests)
 
+    def draft(self, i: int) -> list[int]:
+        """The tokens drafted after request i's last token (engine/spec/), verified in this step."""
+        return self.drafts.get(i, [])
+
     def samples(self, i: int) -> bool:
         """Whether request i reaches the end of its known tokens this step (so it samples)."""
         r = self.requests[i]
-        return r.num_computed_tokens + self.num_tokens[i] == r.num_tokens
+        return r.num_computed_tokens + self.num_tokens[i] - len(self.draft(i)) == r.num_tokens
 
 
 class Scheduler:
@@ -146,11 +151,12 @@ class Scheduler:
             budget -= n
         return batch
 
-    def advance(self, batch: ScheduledBatch) -> None:
-        """Mark the batch's tokens computed (before sampled tokens are appended)."""
-        for req, n in zip(batch.requests, batch.num_tokens):
-            req.num_computed_tokens += n
-            self.kv.commit(req)
+    def advance(self, req: Request, n: int) -> None:
+        """Mark `n` more of the request's tokens computed (their K/V is in its pages; a verify step's
+        rejected drafts are not among them) and hand its newly full pages to the prefix cache."""
+        req.num_computed_tokens += n
+        assert req.num_computed_tokens <= req.num_tokens, (req.num_computed_tokens, req.num_tokens)
+        self.kv.commit(req)
 
     def finish(self, req: Request, reason: str) -> None:
         """Remove a request wherever it is and give back its pages."""

@@ -27,6 +27,7 @@ import torch
 
 from kvstrata.engine.runner import ModelRunner, slot_range
 from kvstrata.engine.scheduler import ScheduledBatch
+from kvstrata.kv.pool import PagePool
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +69,18 @@ class WarmupReport:
     seconds: float
 
 
-def _fake_request(token_ids: list[int], computed: int, pages: list[int]) -> Any:
+def fake_request(token_ids: list[int], computed: int, pages: list[int]) -> Any:
     """What ModelRunner.prepare and ScheduledBatch.samples read of a Request, and nothing else."""
     return SimpleNamespace(token_ids=token_ids, num_computed_tokens=computed, num_tokens=len(token_ids), pages=pages)
+
+
+def zero_pages(pool: PagePool, pages: list[int]) -> None:
+    """Zero the K/V of `pages` before they go back: no page leaves a dummy step with its K/V in it."""
+    ps = pool.page_size
+    slots = torch.tensor(list(slot_range(pages, 0, len(pages) * ps, ps)), device=pool.k[0].device)
+    for k, v in zip(pool.k, pool.v):
+        k.index_fill_(0, slots, 0)
+        v.index_fill_(0, slots, 0)
 
 
 def warm_up(runner: ModelRunner, num_tokens: int, max_model_len: int, vocab_size: int, max_rows: int) -> WarmupReport:
@@ -91,15 +101,12 @@ def warm_up(runner: ModelRunner, num_tokens: int, max_model_len: int, vocab_size
     try:
         with torch.inference_mode():
             for batch in (
-                ScheduledBatch([_fake_request(ids[:n], 0, pages)], [n]),
-                ScheduledBatch([_fake_request(ids, n, pages) for _ in range(rows)], [1] * rows),
+                ScheduledBatch([fake_request(ids[:n], 0, pages)], [n]),
+                ScheduledBatch([fake_request(ids, n, pages) for _ in range(rows)], [1] * rows),
             ):
                 input_ids, positions, meta, logit_rows = runner.prepare(batch)
                 runner.model.forward(input_ids, positions, meta, pool.k, pool.v, logit_rows)
-            slots = torch.tensor(list(slot_range(pages, 0, len(pages) * ps, ps)), device=pool.k[0].device)
-            for k, v in zip(pool.k, pool.v):  # no page leaves with a dummy's K/V in it
-                k.index_fill_(0, slots, 0)
-                v.index_fill_(0, slots, 0)
+            zero_pages(pool, pages)
     finally:
         pool.free(pages)
     report = WarmupReport(n, rows, time.monotonic() - t0)

@@ -9,6 +9,8 @@ A rank's `/metrics` (`rank.py`, one registry per server; gauges read at scrape t
     inter_token_latency_seconds                                  histograms
     num_requests_running, num_requests_waiting                   the batch and the queue
     kv_cache_usage_perc, prefix_cache_pages                      L1 pages in use, pages cached
+    spec_decode_{draft,accepted}_tokens_total,
+    spec_decode_acceptance_length                                speculative decoding (engine/spec/)
     response_cache_{hits,misses,evictions}_total,
     response_cache_entries                                       the response cache
     kvstore_{reads,writes,bytes}_total{tier}, kvstore_prefetch_{started,completed,timeouts}_total,

@@ -24,6 +24,7 @@ stats_log = logging.getLogger("kvstrata.request_stats")
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.25, 0.5, 1.0, 2.5)
+SPEC_LENGTH_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
@@ -71,6 +72,14 @@ class Metrics:
         self.response_cache_entries = Gauge(
             P + "response_cache_entries", "Keys holding results in the response cache", registry=r
         )
+        # speculative decoding (engine/spec/): drafted and accepted tokens, and accepted tokens per verify step
+        self.spec_drafted = Counter(P + "spec_decode_draft_tokens", "Drafted tokens verified", registry=r)
+        self.spec_accepted = Counter(
+            P + "spec_decode_accepted_tokens", "Drafted tokens the model agreed with (emitted without a step of their own)",
+            registry=r)
+        self.spec_accept_length = Histogram(
+            P + "spec_decode_acceptance_length", "Drafted tokens accepted per verify step",
+            buckets=SPEC_LENGTH_BUCKETS, registry=r)
         self._last_output: dict[str, float] = {}
 
     def bind(self, engine: AsyncEngine) -> None:
@@ -109,6 +118,12 @@ class Metrics:
         for tier, n in s.tier_tokens.items():
             self.cache_hits.labels(tier=tier).inc(n)
         self.requests.labels(finish_reason=out.finish_reason or "unknown").inc()
+        if s.spec_drafted:
+            self.spec_drafted.inc(s.spec_drafted)
+            self.spec_accepted.inc(s.spec_accepted)
+            for length, steps in s.spec_lengths.items():
+                for _ in range(steps):
+                    self.spec_accept_length.observe(length)
         if s.first_token is not None:
             self.ttft.observe(s.first_token - s.arrival)
         if s.finished is not None:

@@ -49,6 +49,7 @@ class LlamaModel:
         q4: dict[str, IntWeight] | None = None,
         rows: dict[str, GgufRows] | None = None,
         q4_max_rows: int = 8,
+        decode_max_rows: int | None = None,
         fused_ops: bool = True,
         fused_decode_layers: bool = True,
     ) -> None:
@@ -57,6 +58,9 @@ class LlamaModel:
         where `tensors` has no dense copy (gguf_loader.py)."""
         self.arch = arch
         self.q4_max_rows = q4_max_rows
+        # a step of decode rows only (a batch, or a verify step's rows: engine/spec/) stays on the quantized
+        # kernels up to this many rows: no prompt chunk's numerics change, only the batch where dense wins
+        self.decode_max_rows = max(q4_max_rows, decode_max_rows or q4_max_rows)
         self.dtype = dtype
         self.device = device
         self.attention = attention
@@ -170,7 +174,7 @@ class LlamaModel:
         T = input_ids.shape[0]
         cos_t, sin_t = self.cos[positions], self.sin[positions]  # [T, D]
         x = self.embedding(input_ids)  # [T, hidden]: the residual stream, added to in place
-        narrow = T <= self.q4_max_rows
+        narrow = T <= self.q4_max_rows or (T <= self.decode_max_rows and meta.pure_decode(T))
         h = self._norm(x, self.layers[0].input_norm)
         if narrow and self.decode_layers is not None and self.decode_layers.applies(meta, T):
             self.decode_layers.run(x, h, k_cache, v_cache, cos_t, sin_t, meta)

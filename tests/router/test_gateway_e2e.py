@@ -146,7 +146,7 @@ def test_streams_pass_through_unbuffered(cluster: Cluster) -> None:
                 if running_at_first is None:  # the first chunk is here: is the request still running?
                     running_at_first = running()
                 lines.append(line)
-    assert lines[-1] == "data: [DONE]" and len(lines) > 100
+    assert lines[-1] == "data: [DONE]" and len(lines) > 20  # a verify step streams its accepted tokens in one chunk
     assert running_at_first == 1  # the gateway passed the first chunk on while the rank was still generating
 
 

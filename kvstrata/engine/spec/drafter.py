@@ -1,6 +1,6 @@
 """A request's drafts: from its own prompt and output, and from its tenant's recent outputs.
 
-`RequestDrafter` keeps one `TokenIndex` over the request's tokens (what the agent already wrote: the
+`RequestDrafter` searches the request's tokens (`ContextMatcher`) (what the agent already wrote: the
 file it sends back, the JSON it edits, the tool-call skeleton of the last turn) and asks `TenantOutputs`
 for the index of its tenant's finished outputs (the same reply shape across requests). Of the two
 drafts it keeps the one with more expected accepted tokens. A tenant's outputs draft only for that
@@ -17,6 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from kvstrata.engine.spec.context_match import ContextMatcher
 from kvstrata.engine.spec.token_index import EMPTY, Draft, TokenIndex
 
 
@@ -79,32 +80,60 @@ class SpecStats:
     steps: int = 0
     accepted_lengths: dict[int, int] = field(default_factory=dict)  # accepted tokens per verify step -> steps
 
+    rejections: int = 0  # verify steps that stopped at a drafted token the model did not choose
+    tried: list[int] = field(default_factory=list)  # per draft position: verify steps that reached it
+    passed: list[int] = field(default_factory=list)  # ... and in which the model agreed with it
+
     @property
     def acceptance(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
 
+    def add_step(self, drafted: int, accepted: int) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
+        self.steps += 1
+        self.rejections += accepted < drafted
+        self.accepted_lengths[accepted] = self.accepted_lengths.get(accepted, 0) + 1
+        reached = min(drafted, accepted + 1)  # positions 0..accepted-1 passed; position `accepted` failed
+        while len(self.tried) < reached:
+            self.tried.append(0)
+            self.passed.append(0)
+        for j in range(reached):
+            self.tried[j] += 1
+            self.passed[j] += j < accepted
+
+    def accept_chances(self, n: int) -> list[float]:
+        """The chance each of n drafted tokens is accepted: the product, over positions up to it, of how
+        often the model agreed at that position once it had agreed before it (a prior of 3 in 4 each).
+        Per position, because agreement is bursty: once a copy is under way, it tends to go on."""
+        out, chance = [], 1.0
+        for j in range(n):
+            t, p = (self.tried[j], self.passed[j]) if j < len(self.tried) else (0, 0)
+            chance *= (p + 3) / (t + 4)
+            out.append(chance)
+        return out
+
 
 class RequestDrafter:
-    SELF = 0  # the request's own sequence in its index
-
-    def __init__(self, prompt: Sequence[int], tenant: str, outputs: TenantOutputs, config: SpecConfig) -> None:
+    def __init__(self, prompt: Sequence[int], tenant: str, outputs: TenantOutputs, config: SpecConfig,
+                 output_start: int | None = None) -> None:
+        """`prompt`: the request's tokens so far; its output starts at `output_start` (default: after them)."""
         self.config = config
         self.tenant = tenant
         self.outputs = outputs
-        self.own = TokenIndex(config.max_match)
-        self.own.extend(self.SELF, prompt)
-        self.output_start = len(prompt)
+        self.own = ContextMatcher(prompt, config.max_match)  # searched in place: nothing to build up front
+        self.output_start = len(prompt) if output_start is None else output_start
         self.stats = SpecStats()
         self.disabled = False
 
     @property
     def context(self) -> list[int]:
         """The request's tokens: prompt, then output."""
-        return self.own.tokens(self.SELF)
+        return self.own.tokens
 
     def append(self, tokens: Sequence[int]) -> None:
         """Tokens the request now holds (accepted drafts and sampled tokens)."""
-        self.own.extend(self.SELF, tokens)
+        self.own.extend(tokens)
 
     def propose(self, max_tokens: int | None = None) -> Draft:
         """Up to `max_tokens` (the config's cap by default) tokens to verify after the context."""
@@ -112,7 +141,7 @@ class RequestDrafter:
         cap = min(c.max_tokens, c.max_tokens if max_tokens is None else max_tokens)
         if self.disabled or cap < 1:
             return EMPTY
-        best = self.own.propose(self.context, cap, c.min_prob, c.min_match)
+        best = self.own.propose(cap, c.min_prob, c.min_match)
         tenant_index = self.outputs.index(self.tenant)
         if tenant_index is not None:
             other = tenant_index.propose(self.context, cap, c.min_prob, c.min_match)
@@ -126,10 +155,7 @@ class RequestDrafter:
         if not 0 <= accepted <= drafted:
             raise ValueError(f"accepted ({accepted}) must be within 0..drafted ({drafted})")
         s = self.stats
-        s.drafted += drafted
-        s.accepted += accepted
-        s.steps += 1
-        s.accepted_lengths[accepted] = s.accepted_lengths.get(accepted, 0) + 1
+        s.add_step(drafted, accepted)
         if s.drafted >= self.config.probation and s.acceptance < self.config.disable_below:
             self.disabled = True
 

@@ -136,17 +136,23 @@ class TokenIndex:
         return EMPTY
 
     def _walk(self, occ: list[tuple[int, int]], match_len: int, max_tokens: int, min_prob: float) -> Draft:
-        tokens: list[int] = []
-        probs: list[float] = []
-        prob = 1.0
-        pos = [(self._seqs[seq].tokens, end + 1) for seq, end in occ]  # where each occurrence continues
-        while pos and len(tokens) < max_tokens:
-            counts = Counter(toks[i] for toks, i in pos)
-            tok, hits = max(counts.items(), key=lambda kv: (kv[1], kv[0] == pos[-1][0][pos[-1][1]]))
-            prob *= hits / len(pos)
-            if prob < min_prob:
-                break
-            tokens.append(tok)
-            probs.append(prob)
-            pos = [(toks, i + 1) for toks, i in pos if toks[i] == tok and i + 1 < len(toks)]
-        return Draft(tokens, probs, match_len)
+        return walk([(self._seqs[seq].tokens, end + 1) for seq, end in occ], match_len, max_tokens, min_prob)
+
+
+def walk(pos: list[tuple[Sequence[int], int]], match_len: int, max_tokens: int, min_prob: float) -> Draft:
+    """Draft from the occurrences of a match: `pos` holds (tokens, where the occurrence continues), oldest
+    first. The next token is the one most of them continue with (ties: the newest's), its probability the
+    share of them it covers, times the ones before; the walk stops under `min_prob` or at `max_tokens`."""
+    tokens: list[int] = []
+    probs: list[float] = []
+    prob = 1.0
+    while pos and len(tokens) < max_tokens:
+        counts = Counter(toks[i] for toks, i in pos)
+        tok, hits = max(counts.items(), key=lambda kv: (kv[1], kv[0] == pos[-1][0][pos[-1][1]]))
+        prob *= hits / len(pos)
+        if prob < min_prob:
+            break
+        tokens.append(tok)
+        probs.append(prob)
+        pos = [(toks, i + 1) for toks, i in pos if toks[i] == tok and i + 1 < len(toks)]
+    return Draft(tokens, probs, match_len)

@@ -70,3 +70,18 @@ def test_low_acceptance_turns_a_request_off() -> None:
 def test_bad_config_is_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         SpecConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_accept_chances_learn_per_position() -> None:
+    from kvstrata.engine.spec.drafter import SpecStats
+
+    s = SpecStats()
+    assert s.accept_chances(2) == [0.75, 0.75 * 0.75]  # the prior
+    for _ in range(20):  # copies: once the first token passes, the rest do
+        s.add_step(4, 4)
+    for _ in range(20):
+        s.add_step(4, 0)
+    first, second, third, fourth = s.accept_chances(4)
+    assert first == pytest.approx((20 + 3) / (40 + 4)) and second == pytest.approx(first * (20 + 3) / (20 + 4))
+    assert fourth / third > 0.95 > first  # agreement at a later position, given the earlier ones: near certain
+    assert s.tried == [40, 20, 20, 20] and s.passed == [20, 20, 20, 20]

@@ -1,0 +1,76 @@
+"""What a step's rows cost, measured on this machine: the price a drafted token must beat.
+
+A decode step reads every weight whatever its row count, so the first row pays for the reads and each
+further row for its arithmetic and for reading its own context's K/V:
+    step(rows) ~ base + sum over rows of (per_row + per_token * context_of_the_row)
+The three figures depend on the CPU (AVX2 multiplies byte pairs, VNNI four at a time; bf16 is fast
+only with avx512_bf16), the model's width, quant type and KV layout, so they are timed here, not
+assumed: steps of 1 and R rows over a short context, and of R rows over a long one, a few times each.
+The contexts are pages straight from the pool whose K/V is never computed (their zeros cost the same
+to read: no prefill runs), given back zeroed, like the warm-up's dummy steps.
+"""
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from kvstrata.engine.runner import ModelRunner
+from kvstrata.engine.scheduler import ScheduledBatch
+from kvstrata.engine.warmup import fake_request, zero_pages
+
+SHORT, LONG = 16, 1024  # the two contexts (tokens) the steps are timed over
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """A step's time model, in seconds: base + sum over rows of (per_row + per_token * context)."""
+
+    base: float
+    per_row: float
+    per_token: float
+
+    def row(self, context: int) -> float:
+        return self.per_row + self.per_token * context
+
+
+# where the pool cannot hold the timing steps: one more row costs half a 1-row step (drafts need p > 0.5)
+FALLBACK = StepCost(base=1.0, per_row=1.0, per_token=0.0)
+
+
+def measure_step_cost(runner: ModelRunner, rows: int, max_context: int, vocab_size: int, repeats: int = 3) -> StepCost:
+    """Time steps of 1 and `rows` rows after SHORT tokens and of `rows` rows after min(LONG, max_context)
+    tokens (median of `repeats`, after one untimed step of each shape); FALLBACK where they do not fit."""
+    pool = runner.pool
+    ps = pool.page_size
+    long = min(LONG, max_context - rows)
+    if rows < 2 or long <= 2 * SHORT or -(-(long + rows) // ps) > pool.num_free:
+        return FALLBACK
+    pages = pool.alloc(-(-(long + rows) // ps))
+    assert pages is not None
+    rng = random.Random(0)
+    ids = [rng.randrange(vocab_size) for _ in range(long + rows)]
+    try:
+        with torch.inference_mode():
+            def timed(context: int, r: int) -> float:
+                """The context's next token and r - 1 drafted ones, as a verify step runs them."""
+                batch = ScheduledBatch([fake_request(ids[: context + 1], context, pages)], [r],
+                                       {0: ids[context + 1 : context + r]} if r > 1 else {})
+                samples = []
+                for _ in range(repeats + 1):
+                    t = time.perf_counter()
+                    input_ids, positions, meta, logit_rows = runner.prepare(batch)
+                    runner.model.forward(input_ids, positions, meta, pool.k, pool.v, logit_rows)
+                    samples.append(time.perf_counter() - t)
+                return statistics.median(samples[1:])
+
+            one, short, wide = timed(SHORT, 1), timed(SHORT, rows), timed(long, rows)
+            zero_pages(pool, pages)
+    finally:
+        pool.free(pages)
+    per_token = max(0.0, (wide - short) / (rows * (long - SHORT)))
+    per_row = max(1e-9, (short - one) / (rows - 1) - per_token * SHORT)
+    return StepCost(base=max(0.0, one - per_row - per_token * SHORT), per_row=per_row, per_token=per_token)

@@ -1,0 +1,34 @@
+"""What a step's rows cost (kvstrata/engine/spec/cost.py): timed on the engine's own runner without a
+prefill, the pool left as it was, a fallback where the pool has no room."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvstrata.engine.llm import LLM
+from kvstrata.engine.spec.cost import FALLBACK, LONG, measure_step_cost
+
+
+def test_the_step_cost_is_timed_and_the_pool_left_clean(tiny_model_dir: Path) -> None:
+    eng = LLM(str(tiny_model_dir), dtype="float32", max_total_tokens=2048, speculative="off").engine
+    free = eng.pool.num_free
+    c = measure_step_cost(eng.runner, rows=8, max_context=4096, vocab_size=eng.info.arch.vocab_size, repeats=2)
+    assert c != FALLBACK and c.base >= 0.0 and c.per_row > 0.0 and c.per_token >= 0.0
+    assert c.row(LONG) >= c.row(0)
+    assert eng.pool.num_free == free
+    assert all(float(k.abs().sum()) == 0.0 and float(v.abs().sum()) == 0.0 for k, v in zip(eng.pool.k, eng.pool.v))
+
+
+def test_no_room_falls_back(tiny_model_dir: Path) -> None:
+    eng = LLM(str(tiny_model_dir), dtype="float32", max_total_tokens=64, speculative="off").engine
+    vocab = eng.info.arch.vocab_size
+    assert measure_step_cost(eng.runner, rows=8, max_context=4096, vocab_size=vocab) == FALLBACK  # the pool
+    assert measure_step_cost(eng.runner, rows=1, max_context=4096, vocab_size=vocab) == FALLBACK  # nothing to compare
+    big = LLM(str(tiny_model_dir), dtype="float32", max_total_tokens=2048, speculative="off").engine
+    assert measure_step_cost(big.runner, rows=8, max_context=40, vocab_size=vocab) == FALLBACK  # the context limit
+
+
+def test_the_engine_times_it_before_its_first_drafts(tiny_model_dir: Path) -> None:
+    llm = LLM(str(tiny_model_dir), dtype="float32", max_total_tokens=2048, speculative="auto")
+    assert not llm.engine.spec.measured
+    llm.generate([[5, 6, 7] * 10], None)
+    assert llm.engine.spec.measured and llm.engine.spec.cost != FALLBACK

@@ -1,0 +1,184 @@
+"""Speculative decoding in the engine (kvstrata/engine/spec/speculator.py with the runner's verify rows):
+the same greedy tokens with it on and off, under batching, chunking and preemption; rejected drafts'
+pages go back; only accepted tokens reach the prefix cache; a tenant's outputs draft for it alone."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvstrata.engine.llm import LLM
+from kvstrata.engine.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+
+
+def make(model: str | Path, **kw: Any) -> LLM:
+    kw.setdefault("dtype", "float32")
+    kw.setdefault("max_total_tokens", 4096)
+    return LLM(str(model), **kw)
+
+
+def repetitive_prompts(n: int, seed: int = 0) -> list[list[int]]:
+    """Prompts that repeat a phrase, so that a random-weight model's output (which loops) and the
+    prompt give the drafter matches."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        phrase = [rng.randrange(3, 49000) for _ in range(rng.randint(3, 9))]
+        out.append([rng.randrange(3, 49000) for _ in range(rng.randint(2, 30))] + phrase * rng.randint(2, 8))
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir: Path) -> dict[str, list[list[int]]]:
+    ps = repetitive_prompts(8)
+    llm = make(tiny_model_dir, speculative="off")
+    return {"prompts": ps, "outputs": [o.token_ids for o in llm.generate(ps, GREEDY)]}
+
+
+@pytest.mark.parametrize("kw", [
+    {"speculative": "suffix"},  # drafts every step it can
+    {"speculative": "ngram", "num_speculative_tokens": 3},
+    {"speculative": "auto"},
+    {"speculative": "suffix", "enable_prefix_caching": False},
+    {"speculative": "suffix", "max_num_batched_tokens": 24, "chunked_prefill_size": 8},  # drafts within the budget
+    {"speculative": "suffix", "max_total_tokens": 160, "page_size": 16},  # pages run short: preemption
+])
+def test_greedy_output_is_the_same_with_speculation(tiny_model_dir: Path, reference: dict[str, Any],
+                                                    kw: dict[str, Any]) -> None:
+    llm = make(tiny_model_dir, **kw)
+    outs = llm.generate(reference["prompts"], GREEDY)
+    assert [o.token_ids for o in outs] == reference["outputs"]
+    eng = llm.engine
+    eng.check_integrity()
+    assert eng.pool.num_in_use == (eng.prefix_cache.num_cached_pages if eng.prefix_cache is not None else 0)
+    if kw["speculative"] != "auto":  # auto drafts where the measured cost allows: on some CPUs never here
+        assert eng.spec is not None and eng.spec.totals.accepted > 0, eng.spec.totals
+
+
+def test_a_verify_step_gives_back_the_rejected_drafts_pages(tiny_model_dir: Path) -> None:
+    prompt = repetitive_prompts(1, seed=3)[0]
+    params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    expected = make(tiny_model_dir, speculative="off").generate([prompt], params)[0].token_ids
+    llm = make(tiny_model_dir, speculative="suffix", page_size=4, num_speculative_tokens=12)
+    eng = llm.engine
+    eng.add_request("r", prompt, params)
+    verified, got = 0, []
+    while eng.has_unfinished():
+        batch = eng.scheduler.schedule()
+        eng.spec.draft(batch, eng.scheduler.kv, 1000)
+        draft = batch.draft(0)
+        if len(draft) > 1:  # the random model loops and its drafts all pass: spoil the last one
+            draft[-1] = (draft[-1] + 1) % 49000
+        for out in eng.postprocess(batch, eng.runner.run(batch)):
+            got.extend(out.new_token_ids)
+        req = batch.requests[0]
+        if draft and not req.finished:
+            verified += 1
+            assert len(req.pages) <= -(-req.num_tokens // 4)  # no page past the next token's slot
+            assert req.num_computed_tokens == req.num_tokens - 1  # the rejected drafts' K/V is not counted
+        eng.check_integrity()
+    assert got == expected
+    assert verified and eng.spec.totals.rejections > 0, eng.spec.totals
+    assert eng.pool.num_in_use == eng.prefix_cache.num_cached_pages
+
+
+def test_only_accepted_tokens_reach_the_prefix_cache(tiny_model_dir: Path, reference: dict[str, Any]) -> None:
+    llm = make(tiny_model_dir, speculative="suffix", page_size=4)
+    prompt, expected = reference["prompts"][0], reference["outputs"][0]
+    assert llm.generate([prompt], GREEDY)[0].token_ids == expected
+    # the whole conversation so far is cached (every full page of prompt + output) and continues as without
+    follow = prompt + expected
+    out = llm.generate([follow], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))[0]
+    assert out.cached_tokens == (len(follow) - 1) // 4 * 4
+    plain = make(tiny_model_dir, speculative="off").generate([follow], SamplingParams(max_tokens=8, temperature=0.0,
+                                                                                      ignore_eos=True))[0]
+    assert out.token_ids == plain.token_ids
+
+
+def test_a_tenants_outputs_draft_only_for_that_tenant(tiny_model_dir: Path) -> None:
+    llm = make(tiny_model_dir, speculative="suffix")
+    p = repetitive_prompts(1, seed=5)[0]
+    llm.generate([p], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, extra_key="alice"))
+    spec = llm.engine.spec
+    assert spec.outputs.index("alice") is not None
+    assert spec.outputs.index("bob") is None and spec.outputs.index("") is None
+    assert spec.num_requests == 0  # finished requests leave no drafter behind
+
+
+def test_a_constrained_request_drafts_within_its_grammar(smollm2_path: Path) -> None:
+    schema = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"}}},
+              "required": ["items"]}
+    params = SamplingParams(max_tokens=60, temperature=0.0, grammar=json.dumps({"grammars": [{"json_schema": schema}]}))
+    messages = [{"role": "user", "content": 'List three fruits as JSON like {"items": ["apple", "apple", "apple"]}.'}]
+    off = make(smollm2_path, speculative="off").chat(messages, params)
+    llm = make(smollm2_path, speculative="suffix")
+    on = llm.chat(messages, params)
+    assert on.token_ids == off.token_ids and json.loads(on.text)["items"]
+    assert llm.engine.spec.totals.drafted > 0
+
+
+def edit_messages() -> list[list[dict[str, str]]]:
+    """Agent-shaped requests whose replies copy their context: a JSON state and a code file sent back edited."""
+    state = {"tasks": [{"id": i, "title": f"task number {i}", "status": "open"} for i in range(5)]}
+    code = Path(__file__).read_text()[:600]
+    return [
+        [{"role": "system", "content": "You keep a JSON state. Reply with the whole updated JSON and nothing else."},
+         {"role": "user", "content": "State:\n" + json.dumps(state, indent=1) + '\n\nSet the status of task 3 to "done".'}],
+        [{"role": "user", "content": "Here is a Python file:\n```python\n" + code + "\n```\nRename `make` to `build`. "
+                                     "Reply with the whole file in one code block."}],
+    ]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "auto"])  # exact float32, and this CPU's default plan
+def test_smollm2_greedy_output_is_the_same_with_speculation(smollm2_path: Path, dtype: str) -> None:
+    params = SamplingParams(max_tokens=64, temperature=0.0)
+    off = make(smollm2_path, dtype=dtype, speculative="off")
+    on = make(smollm2_path, dtype=dtype, speculative="suffix")
+    for messages in edit_messages():
+        assert on.chat(messages, params).token_ids == off.chat(messages, params).token_ids
+    assert on.engine.spec.totals.accepted > 30, on.engine.spec.totals  # the replies copy: most drafts pass
+    on.engine.check_integrity()
+
+
+def test_smollm2_seeded_sampling_keeps_its_distribution(smollm2_path: Path) -> None:
+    """Sampled requests (temperature 0.8, top-p 0.95) with speculation and without: the token at a fixed
+    position, over 80 seeds each (different seeds for the two), has the same distribution (a two-sample
+    chi-square at the 0.1% level), and the same seed gives the same tokens on and off."""
+    messages = [{"role": "user", "content": "Repeat after me five times: the red fox jumps over the lazy dog."}]
+    n, pos = 80, 6
+
+    def sampled(mode: str, seeds: range) -> list[list[int]]:
+        """One continuous batch of a request per seed."""
+        llm = make(smollm2_path, dtype="auto", speculative=mode)
+        ids = llm.tokenizer.encode(llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+        got: dict[str, list[int]] = {}
+        for s in seeds:
+            llm.engine.add_request(str(s), ids, SamplingParams(max_tokens=pos + 1, temperature=0.8, top_p=0.95, seed=s))
+            got[str(s)] = []
+        while llm.engine.has_unfinished():
+            for out in llm.engine.step():
+                got[out.request_id].extend(out.new_token_ids)
+        if mode != "off":
+            assert llm.engine.spec.totals.accepted > 0
+        return list(got.values())
+
+    runs = {"off": sampled("off", range(n)), "suffix": sampled("suffix", range(1000, 1000 + n))}
+    twins = sampled("off", range(1000, 1000 + n))
+    assert sum(x == y for x, y in zip(twins, runs["suffix"])) >= 0.95 * n  # rounding may differ between step shapes
+    a = [t[pos] for t in runs["off"] if len(t) > pos]
+    b = [t[pos] for t in runs["suffix"] if len(t) > pos]
+    common = {t for t in set(a) | set(b) if a.count(t) + b.count(t) >= 10}
+    cats = [lambda t, c=c: t == c for c in sorted(common)] + [lambda t: t not in common]
+    stat = 0.0
+    for cat in cats:
+        x, y = sum(map(cat, a)), sum(map(cat, b))
+        if x + y:
+            ex, ey = (x + y) * len(a) / (len(a) + len(b)), (x + y) * len(b) / (len(a) + len(b))
+            stat += (x - ex) ** 2 / ex + (y - ey) ** 2 / ey
+    k = len(cats) - 1  # the 0.1% tail of chi-square with k degrees of freedom (Wilson-Hilferty; z = 3.09)
+    assert stat < k * (1 - 2 / (9 * k) + 3.09 * (2 / (9 * k)) ** 0.5) ** 3, (stat, k)
