@@ -20,6 +20,7 @@ from kvstrata.bench.multiround.command import add_multiround_args
 from kvstrata.bench.response_cache.locust_compare import add_locust_args
 from kvstrata.bench.response_cache.repeat import add_repeat_args
 from kvstrata.bench.soak import add_soak_args
+from kvstrata.bench.spec.command import add_spec_args
 from kvstrata.bench.synth.command import add_synth_model_args
 from kvstrata.bench.throughput.offline import add_throughput_args
 from kvstrata.bench.trace.command import add_trace_args
@@ -65,6 +66,9 @@ BENCH_COMMANDS: tuple[BenchCommand, ...] = (
     BenchCommand("synth-model", "write a random-weight GGUF of a real shape (Llama 3.2 1B/3B, Llama 3.1 8B, "
                  "Qwen2.5 7B) in a file type llama-quantize makes (Q4_K_M, Q8_0, ...)", add_synth_model_args,
                  "kvstrata.bench.synth.command:run_synth_model"),
+    BenchCommand("spec", "the edit workload (files, JSON states and tool calls sent back changed): output tokens/s, "
+                 "TPOT, chunk gaps and the server's accepted tokens per verify step", add_spec_args,
+                 "kvstrata.bench.spec.command:run_spec"),
     BenchCommand("trace", "replay a Mooncake FAST'25 trace (hash-id blocks as token ids) live, or --simulate "
                  "the L1/L2/L3 cache over it at given capacities", add_trace_args, "kvstrata.bench.trace.command:run_trace"),
 )

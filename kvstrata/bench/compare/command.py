@@ -69,7 +69,7 @@ def run_engine(name: str, args: argparse.Namespace, out_dir: Path, stem: str) ->
     from kvstrata.bench.throughput.probe import format_probe, probe_throughput
 
     workload = COMPARE_WORKLOADS[args.workload]
-    extra = [*workload.serve_args.get(name, ()), *(shlex.split(args.kvstrata_args) if name == "kvstrata" else [])]
+    extra = [*workload.serve_args.get(name, ()), *(shlex.split(args.kvstrata_args) if name.startswith("kvstrata") else [])]
     print(f"compare: starting {name} on port {args.port} {' '.join(extra)}".rstrip(), file=sys.stderr)
     try:
         with RunningServer(ENGINES[name], args.port, args.tokenizer, out_dir / "logs" / f"{stem}-{name}.log",

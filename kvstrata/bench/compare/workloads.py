@@ -110,6 +110,30 @@ def add_probe_args(parser: argparse.ArgumentParser) -> None:
                        help="cold prefill prompts, one at a time; their mean is reported (default: %(default)s)")
 
 
+def _edit_args(parser: argparse.ArgumentParser) -> object:
+    from kvstrata.bench.spec.command import add_edit_workload_args
+
+    return add_edit_workload_args(parser)
+
+
+def _edit_check(args: argparse.Namespace) -> object:
+    from kvstrata.bench.spec.command import edit_config
+
+    return edit_config(args)
+
+
+def _run_edit(args: argparse.Namespace, url: str) -> Report:
+    from kvstrata.bench.spec.command import run_edit_workload
+
+    return run_edit_workload(args, url)
+
+
+def _describe_edit(report: Report) -> str:
+    from kvstrata.bench.spec.command import format_edit
+
+    return format_edit(report)
+
+
 def _ms(section: str, *keys: str) -> Callable[[Report], str]:
     """The section's latencies (ms) joined with " / "."""
     return lambda r: " / ".join(fmt(r[section][f"{k}_ms"], "{:,.1f}") for k in keys)
@@ -178,6 +202,14 @@ COMPARE_WORKLOADS: dict[str, CompareWorkload] = {w.name: w for w in (
         needs_tokenizer=False),
     CompareWorkload("throughput", lambda parser: None, _run_throughput, _throughput_check, (), lambda r: "",
                     needs_tokenizer=False, probe_after=False),
+    CompareWorkload("edit", _edit_args, _run_edit, _edit_check, (
+        _OUT_TPS,
+        Column("TPOT p50 / p99 ms", lambda r: f"{fmt(r['tpot_ms']['p50'], '{:.1f}')} / {fmt(r['tpot_ms']['p99'], '{:.1f}')}"),
+        Column("chunk gap p50 / p99 ms", lambda r: f"{fmt(r['chunk_gap_ms']['p50'], '{:.1f}')} / "
+                                                   f"{fmt(r['chunk_gap_ms']['p99'], '{:.1f}')}"),
+        Column("accepted per verify step", lambda r: fmt(r["spec"]["mean_accepted_per_step"], "{:.2f}")),
+        Column("TTFT p50", lambda r: seconds(r["ttft_s"]["p50"])), _ERRORS,
+    ), _describe_edit, needs_tokenizer=False),
     trace_compare_workload(),
 )}
 

@@ -78,13 +78,14 @@ def _compare(tmp_path: Path, workload: str, *argv: str) -> tuple[int, dict[str, 
 
 
 def test_registry_has_every_workload_with_its_columns() -> None:
-    assert list(COMPARE_WORKLOADS) == ["agentic", "multiround", "repeat", "throughput", "trace"]
+    assert list(COMPARE_WORKLOADS) == ["agentic", "multiround", "repeat", "throughput", "edit", "trace"]
     headers = {name: [c.header for c in w.columns] for name, w in COMPARE_WORKLOADS.items()}
     assert "hit efficiency" in headers["agentic"] and "TTFT later turns p50 / p90" in headers["agentic"]
     assert {"hit efficiency", "TTFT p50 by round (s)", "TTFT later rounds p50 / p99"} <= set(headers["multiround"])
     assert {"latency mean / p50 / p99 ms", "response-cache hits"} <= set(headers["repeat"])
     assert headers["throughput"] == [] and not COMPARE_WORKLOADS["throughput"].probe_after
     assert COMPARE_WORKLOADS["repeat"].serve_args == {"kvstrata": ("--response-cache-size", "1024")}
+    assert {"output tokens/s", "TPOT p50 / p99 ms", "accepted per verify step"} <= set(headers["edit"])
     assert [c.header for c in throughput_columns(8)] == [
         "cold prefill tokens/s", "decode tokens/s, batch 1", "decode tokens/s, batch 8", "probe errors"]
 

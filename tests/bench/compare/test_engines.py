@@ -3,6 +3,7 @@ vLLM told by bench/peers/avx2cap/sitecustomize.py that the CPU has no AVX-512 (i
 library from torch.cpu's checks, which read the hardware)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -47,6 +48,11 @@ def test_every_engine_serves_the_compared_gguf(tmp_path: Path, monkeypatch: pyte
     vllm = engines._vllm(8400, str(tmp_path / "llama-1b.gguf"))  # the command alone writes nothing
     assert vllm[vllm.index("--model") + 1] == str(engines.REPO / ".peers/llama-1b-hf") and not written
     assert engines.ENGINES["vllm"].prepare is engines.write_hf_copy
+    assert engines.ENGINES["vllm-ngram"].prepare is engines.write_hf_copy
+    nospec = engines.ENGINES["kvstrata-nospec"].command(8400, "models/x.gguf")
+    assert nospec[:len(cmd)] == cmd and nospec[len(cmd):] == ["--speculative", "off"]
+    ngram = engines.ENGINES["vllm-ngram"].command(8400, "models/x.gguf")
+    assert json.loads(ngram[ngram.index("--speculative-config") + 1])["method"] == "ngram"
     engines.write_hf_copy(default_tokenizer())  # the default model's copy comes from `make bench-peers`
     engines.write_hf_copy(str(tmp_path / "llama-1b.gguf"))
     assert written == [(str(tmp_path / "llama-1b.gguf"), engines.REPO / ".peers/llama-1b-hf")]
