@@ -41,9 +41,10 @@ from kvstrata.model.weights import load_weights
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# decode steps of up to this many rows stay on the quantized kernels: in float32 the dense GEMM is the slower
-# way for SmolLM2 Q4_1 on the AVX2 EPYC up to 32 rows (ms a step at 12/16/24/32 rows: 39/53/74/100 against
-# 88/97/118/140, docs/speculative.md); bf16's dense GEMM (avx512_bf16) keeps the model's 8
+# decode steps of up to this many rows (a batch, or a verify step's rows) stay on the quantized kernels: in
+# float32 the dense GEMM is the slower way for SmolLM2 Q4_1 on the Zen 3 EPYC (bench/verify_rows.py, 1,000-token
+# prompts: batch 12 / 16 in 67 / 100 ms a step against 124 / 160, docs/speculative.md); bf16 keeps the model's 8
+# (its dense GEMM is fast with avx512_bf16; not measured here)
 DECODE_MAX_ROWS = {torch.float32: 32}
 SPEC_COST_ROWS = 8  # rows of the steps that time what a row costs (spec/cost.py)
 WARMUP_MACS = 1 << 38  # the default warm-up step's linear work (Engine.default_warmup_tokens)
