@@ -1,7 +1,8 @@
-"""Speculative decoding from the agent's own context (issue 27): the draft source.
+"""Speculative decoding from the agent's own context (docs/speculative.md).
 
-`token_index.py` finds where a context's end occurred before and drafts what followed; `drafter.py`
-keeps one index per request (its prompt and output) and one per tenant (its recent outputs) and adapts
-the draft length. Verification in the engine (several rows per request in one step, KV rollback of
-rejected tokens) is not built yet: nothing in the engine calls this package so far.
+`context_match.py` finds where the request's own context ended the same way before, `token_index.py` the
+same in its tenant's recent outputs; `drafter.py` drafts from both and learns the request's acceptance;
+`speculator.py` gives a step's decode rows their drafts while they pay (`cost.py` times what a row
+costs on this machine); `verify.py` keeps what the model agrees with (the runner scores the drafts as
+decode rows, the engine marks only accepted tokens computed).
 """
