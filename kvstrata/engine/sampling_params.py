@@ -4,8 +4,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvstrata.config import GREEDY_BELOW
+
+if TYPE_CHECKING:
+    from kvstrata.engine.spec.drafter import SpecStats
 
 PROMPT_CACHE_KEY_MAX_CHARS = 1024  # OpenAI's limit on prompt_cache_key
 RETENTION_CLASSES = ("in_memory", "24h")  # prompt_cache_retention values; index = retention class
@@ -114,9 +118,7 @@ class RequestStats:
     tier_tokens: dict[str, int] = field(default_factory=dict)  # device/host/store -> tokens
     cache_key: str | None = None  # the request's prompt_cache_key
     retention: str = "in_memory"  # the request's prompt_cache_retention
-    spec_drafted: int = 0  # speculative decoding (engine/spec/): tokens drafted and verified
-    spec_accepted: int = 0  # drafted tokens the model agreed with (emitted without a step of their own)
-    spec_lengths: dict[int, int] = field(default_factory=dict)  # accepted tokens per verify step -> steps
+    spec: SpecStats | None = None  # speculative decoding: the request's drafter's counts (engine/spec/)
 
     def as_log_fields(self, finish_reason: str | None) -> dict[str, object]:
         def ms(a: float | None, b: float | None) -> float | None:
@@ -139,8 +141,8 @@ class RequestStats:
             "output_tokens": self.output_tokens,
             "finish_reason": finish_reason,
             "retention": self.retention,
-            **({"spec_drafted": self.spec_drafted, "spec_accepted": self.spec_accepted,
-                "spec_accept_lengths": ",".join(f"{k}:{v}" for k, v in sorted(self.spec_lengths.items()))}
-               if self.spec_drafted else {}),
+            **({"spec_drafted": self.spec.drafted, "spec_accepted": self.spec.accepted,
+                "spec_accept_lengths": ",".join(f"{k}:{v}" for k, v in sorted(self.spec.accepted_lengths.items()))}
+               if self.spec is not None and self.spec.drafted else {}),
             **({"prompt_cache_key": json.dumps(self.cache_key)} if self.cache_key is not None else {}),
         }

@@ -118,10 +118,10 @@ class Metrics:
         for tier, n in s.tier_tokens.items():
             self.cache_hits.labels(tier=tier).inc(n)
         self.requests.labels(finish_reason=out.finish_reason or "unknown").inc()
-        if s.spec_drafted:
-            self.spec_drafted.inc(s.spec_drafted)
-            self.spec_accepted.inc(s.spec_accepted)
-            for length, steps in s.spec_lengths.items():
+        if s.spec is not None and s.spec.drafted:
+            self.spec_drafted.inc(s.spec.drafted)
+            self.spec_accepted.inc(s.spec.accepted)
+            for length, steps in s.spec.accepted_lengths.items():
                 for _ in range(steps):
                     self.spec_accept_length.observe(length)
         if s.first_token is not None:

@@ -45,6 +45,7 @@ class Speculator:
             tenant = req.params.extra_key or ""
             d = RequestDrafter(req.token_ids, tenant, self.outputs, self.config, output_start=req.num_prompt_tokens)
             self._drafters[req.request_id] = d
+            req.stats.spec = d.stats  # the stats line and /metrics read the drafter's own counts
         return d
 
     def draft(self, batch: ScheduledBatch, kv: KVCacheManager, budget: int) -> None:
@@ -107,9 +108,6 @@ class Speculator:
         if drafted:
             d.record(drafted, accepted)
             self.totals.add_step(drafted, accepted)
-            s = req.stats
-            s.spec_drafted, s.spec_accepted = s.spec_drafted + drafted, s.spec_accepted + accepted
-            s.spec_lengths[accepted] = s.spec_lengths.get(accepted, 0) + 1
 
     def finish(self, req: Request, keep_output: bool) -> None:
         """The request ended; its output joins its tenant's recent outputs unless `keep_output` is False

@@ -104,17 +104,20 @@ class TokenIndex:
                     del table[h]
         self._dead = 0
 
-    def _suffix_hash(self, context: Sequence[int], n: int) -> int:
-        h = 0
+    def _suffix_hashes(self, context: Sequence[int], n: int) -> list[int]:
+        """The hashes of the context's last 1..n tokens, each from the one before (as `extend` builds them)."""
+        hashes, h = [], 0
         for i in range(1, n + 1):
             h = (h + (context[-i] + 1) * self._pow[i - 1]) % MOD
-        return h
+            hashes.append(h)
+        return hashes
 
-    def _occurrences(self, context: Sequence[int], n: int, exclude: tuple[int, int] | None) -> list[tuple[int, int]]:
-        """(seq, end) where the context's last n tokens occur and something follows, newest last."""
+    def _occurrences(self, context: Sequence[int], n: int, h: int,
+                     exclude: tuple[int, int] | None) -> list[tuple[int, int]]:
+        """(seq, end) where the context's last n tokens (hash h) occur and something follows, newest last."""
         found = []
         tail = list(context[-n:])
-        for seq, end in self._index[n - 1].get(self._suffix_hash(context, n), ()):
+        for seq, end in self._index[n - 1].get(h, ()):
             s = self._seqs.get(seq)
             if s is None or (seq, end) == exclude or end + 1 >= len(s.tokens) or end + 1 < n:
                 continue
@@ -129,8 +132,10 @@ class TokenIndex:
         it is one of the indexed sequences). Changes nothing."""
         if max_tokens < 1:
             return EMPTY
-        for n in range(min(self.max_match, len(context)), min_match - 1, -1):
-            occ = self._occurrences(context, n, exclude)
+        top = min(self.max_match, len(context))
+        hashes = self._suffix_hashes(context, top)
+        for n in range(top, min_match - 1, -1):
+            occ = self._occurrences(context, n, hashes[n - 1], exclude)
             if occ:
                 return self._walk(occ, n, max_tokens, min_prob)
         return EMPTY

@@ -63,7 +63,7 @@ def test_a_hash_collision_never_drafts_from_the_wrong_place() -> None:
     index = TokenIndex(max_match=3)
     index.extend(0, [1, 2, 3, 4, 5])
     index._index = [{0: entries} for entries in ([(0, e) for e in range(5)],) * 3]  # every n-gram one bucket
-    index._suffix_hash = lambda context, n: 0  # type: ignore[method-assign]
+    index._suffix_hashes = lambda context, n: [0] * n  # type: ignore[method-assign]
     assert index.propose([9, 9, 2], max_tokens=2).tokens == [3, 4]  # the [2] occurrence only
     assert index.propose([7, 8, 6], max_tokens=2).tokens == []
 
