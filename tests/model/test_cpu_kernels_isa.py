@@ -44,6 +44,7 @@ def outputs() -> dict[str, torch.Tensor]:
             x = torch.randn(rows, k, generator=g) * 3
             for dtype in (torch.float32, torch.bfloat16):
                 out[f"q{bits} {n}x{k} rows={rows} {dtype}"] = int_dot.linear(x.to(dtype), [packed])
+                out[f"q{bits} {n}x{k} rows={rows} {dtype} 8-bit"] = int_dot.linear(x.to(dtype), [packed], 8)
     for v, k in ((48, 64), (4096, 576)):
         w = torch.randint(-127, 128, (v, k), generator=g, dtype=torch.int8)
         pack = Int8HeadPack.of(w, torch.rand(v, generator=g) * 0.01)
@@ -79,6 +80,6 @@ def test_an_avx2_build_gives_the_same_bits_as_this_one(tmp_path: Path) -> None:
     assert done.stdout.split() == ["avx2"]  # the AVX2 loops, not the portable ones
     capped = torch.load(tmp_path / "avx2.pt")
     native = outputs()
-    assert capped.keys() == native.keys() and len(native) == 82
+    assert capped.keys() == native.keys() and len(native) == 154
     differ = [name for name in native if not torch.equal(native[name], capped[name])]
     assert not differ, differ

@@ -14,7 +14,7 @@
 // `weights` holds 10 tensors a layer: the packed parts (csrc/int_dot_common.h) of qkv (3 slots), o (1),
 // gate_up (2), down (1), a slot empty where a linear has fewer parts (one part where q, k and v share
 // a block type); the qkv bias (empty: none), post_norm, the next layer's input norm (empty after the
-// last). Registered as
+// last). act_bits: the linears' activation integers (int_dot_linear.cpp). Registered as
 // torch.ops.kvstrata.decode_layers; model/llama.py calls it where every piece of it applies.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -27,7 +27,7 @@ namespace {
 constexpr int64_t kPerLayer = 10;
 constexpr int64_t kBias = 7, kPostNorm = 8, kNextNorm = 9;
 
-using LinearFn = at::Tensor(const at::Tensor&, at::TensorList);
+using LinearFn = at::Tensor(const at::Tensor&, at::TensorList, int64_t);
 using AddNormFn = at::Tensor(at::Tensor&, const at::Tensor&, const at::Tensor&, double);
 using RopeFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&,
                           const at::Tensor&, int64_t, int64_t);
@@ -65,7 +65,7 @@ std::vector<at::Tensor> parts(const at::Tensor* w, int64_t first, int64_t count)
 at::Tensor decode_layers(at::Tensor& x, const at::Tensor& h0, at::TensorList weights, at::TensorList k_cache,
                          at::TensorList v_cache, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
                          const at::Tensor& pages, const at::Tensor& lens, int64_t page_size, int64_t H, int64_t Hkv,
-                         double eps, bool fused_silu) {
+                         double eps, bool fused_silu, int64_t act_bits) {
   const int64_t layers = static_cast<int64_t>(k_cache.size());
   TORCH_CHECK(layers >= 1 && static_cast<int64_t>(v_cache.size()) == layers, "one K and one V cache a layer");
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == kPerLayer * layers, "weights: ", kPerLayer, " tensors a layer");
@@ -76,13 +76,13 @@ at::Tensor decode_layers(at::Tensor& x, const at::Tensor& h0, at::TensorList wei
   at::Tensor h = h0;
   for (int64_t li = 0; li < layers; ++li) {
     const at::Tensor* w = weights.data() + kPerLayer * li;
-    at::Tensor qkv = k.linear.call(h, parts(w, 0, 3));
+    at::Tensor qkv = k.linear.call(h, parts(w, 0, 3), act_bits);
     if (w[kBias].numel()) qkv = qkv + w[kBias];
     at::Tensor kc = k_cache[li], vc = v_cache[li];
     const at::Tensor q = k.rope.call(qkv, cos, sin, kc, vc, slots, H, Hkv);
     const at::Tensor o = k.attend.call(q, kc, vc, pages, lens, page_size);
-    h = k.add_norm.call(x, k.linear.call(o.reshape({T, -1}), parts(w, 3, 1)), w[kPostNorm], eps);
-    const at::Tensor gate_up = k.linear.call(h, parts(w, 4, 2));
+    h = k.add_norm.call(x, k.linear.call(o.reshape({T, -1}), parts(w, 3, 1), act_bits), w[kPostNorm], eps);
+    const at::Tensor gate_up = k.linear.call(h, parts(w, 4, 2), act_bits);
     at::Tensor act;
     if (fused_silu) {
       act = k.silu_mul.call(gate_up);
@@ -90,7 +90,7 @@ at::Tensor decode_layers(at::Tensor& x, const at::Tensor& h0, at::TensorList wei
       const auto parts = gate_up.chunk(2, -1);
       act = at::silu(parts[0]) * parts[1];
     }
-    const at::Tensor mlp = k.linear.call(act, parts(w, 6, 1));
+    const at::Tensor mlp = k.linear.call(act, parts(w, 6, 1), act_bits);
     if (w[kNextNorm].numel()) {
       h = k.add_norm.call(x, mlp, w[kNextNorm], eps);
     } else {
@@ -105,7 +105,7 @@ at::Tensor decode_layers(at::Tensor& x, const at::Tensor& h0, at::TensorList wei
 TORCH_LIBRARY_FRAGMENT(kvstrata, m) {
   m.def("decode_layers(Tensor(a!) x, Tensor h, Tensor[] weights, Tensor(b!)[] k_cache, Tensor(c!)[] v_cache, "
         "Tensor cos, Tensor sin, Tensor slots, Tensor pages, Tensor lens, int page_size, int H, int Hkv, float eps, "
-        "bool fused_silu) -> Tensor");
+        "bool fused_silu, int act_bits=16) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(kvstrata, CPU, m) {

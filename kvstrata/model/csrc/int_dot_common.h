@@ -34,6 +34,7 @@ constexpr int kLanes = 16;      // output rows per tile
 constexpr int kGroup = 32;      // inputs per tile (and per activation block)
 constexpr int kLowBytes = 256;  // the low plane of a tile
 constexpr float kMax16 = 127 * 256 + 127;  // |x16| bound: both of its bytes stay in -128..127
+constexpr float kMax8 = 127;               // |x8| bound (8-bit activations: hi is 0)
 
 struct Format {
   int high_bits;  // 0 (q4), 1 (q5), 2 (q6), 4 (q8)
@@ -60,10 +61,11 @@ inline int32_t load4(const int8_t* p) {  // four activation bytes as one lane (m
   return v;
 }
 
-struct Activations {  // x quantized per row and block of 32: x = scale * (256 hi + lo)
+struct Activations {  // x quantized per row and block of 32: x = scale * (256 hi + lo); 8 bits: hi = 0
   std::vector<int8_t> hi, lo;  // [rows, K]
   std::vector<float> scale, sum;  // [rows, K / 32]: the scale, the float sum of the block's x
   std::vector<float> sum16;  // [rows, K / 16]: the sums of each half block (q6's groups)
+  bool wide = true;  // 16-bit integers (hi and lo), or 8-bit (lo only; the kernels skip hi)
 };
 
 // The float sums of a block of 32 in one fixed order (vector and portable code alike, so every form
@@ -73,8 +75,10 @@ inline float sum8(const float* v) {
   return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
 }
 
-// one block of 32 values -> its scale, sums and 16-bit integers as hi/lo bytes
-inline void quantize_block(const float* xb, float& scale, float& sum, float* half, int8_t* hi, int8_t* lo) {
+// one block of 32 values -> its scale, sums and 16-bit integers as hi/lo bytes (wide), or 8-bit ones
+// in lo with hi 0 (scale = max |x| / 127, as llama.cpp's Q8 activations, per block of 32)
+inline void quantize_block(const float* xb, float& scale, float& sum, float* half, int8_t* hi, int8_t* lo, bool wide) {
+  const float bound = wide ? kMax16 : kMax8;
 #if defined(__AVX2__) && defined(__FMA__)
   __m256 y[4];
   for (int v = 0; v < 4; ++v) y[v] = _mm256_loadu_ps(xb + 8 * v);
@@ -90,13 +94,14 @@ inline void quantize_block(const float* xb, float& scale, float& sum, float* hal
   half[0] = sum8(a);
   half[1] = sum8(b);
   sum = half[0] + half[1];
-  scale = amax > 0.f ? amax / kMax16 : 1.f;
-  const __m256 s = _mm256_set1_ps(scale), top = _mm256_set1_ps(kMax16), bottom = _mm256_set1_ps(-kMax16);
+  scale = amax > 0.f ? amax / bound : 1.f;
+  const __m256 s = _mm256_set1_ps(scale), top = _mm256_set1_ps(bound), bottom = _mm256_set1_ps(-bound);
   __m256i h[4], l[4];
   for (int v = 0; v < 4; ++v) {
     const __m256 r = _mm256_round_ps(_mm256_div_ps(y[v], s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m256i q = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, bottom), top));
-    h[v] = _mm256_srai_epi32(_mm256_add_epi32(q, _mm256_set1_epi32(128)), 8);  // floor: lo in -128..127
+    h[v] = wide ? _mm256_srai_epi32(_mm256_add_epi32(q, _mm256_set1_epi32(128)), 8)  // floor: lo in -128..127
+                : _mm256_setzero_si256();
     l[v] = _mm256_sub_epi32(q, _mm256_slli_epi32(h[v], 8));
   }
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undo packs' per-lane interleave
@@ -116,10 +121,10 @@ inline void quantize_block(const float* xb, float& scale, float& sum, float* hal
   half[0] = sum8(a);
   half[1] = sum8(b);
   sum = half[0] + half[1];
-  scale = amax > 0.f ? amax / kMax16 : 1.f;
+  scale = amax > 0.f ? amax / bound : 1.f;
   for (int t = 0; t < kGroup; ++t) {
-    const int x16 = static_cast<int>(std::clamp(std::nearbyint(xb[t] / scale), -kMax16, kMax16));
-    const int h = (x16 + 128) >> 8;  // floor: lo = x16 - 256 hi in -128..127
+    const int x16 = static_cast<int>(std::clamp(std::nearbyint(xb[t] / scale), -bound, bound));
+    const int h = wide ? (x16 + 128) >> 8 : 0;  // floor: lo = x16 - 256 hi in -128..127
     hi[t] = static_cast<int8_t>(h);
     lo[t] = static_cast<int8_t>(x16 - 256 * h);
   }
@@ -127,10 +132,10 @@ inline void quantize_block(const float* xb, float& scale, float& sum, float* hal
 }
 
 template <typename scalar_t>
-Activations quantize(const scalar_t* x, int64_t rows, int64_t K) {
+Activations quantize(const scalar_t* x, int64_t rows, int64_t K, bool wide) {
   const int64_t nb = K / kGroup;
   Activations a{std::vector<int8_t>(rows * K), std::vector<int8_t>(rows * K), std::vector<float>(rows * nb),
-                std::vector<float>(rows * nb), std::vector<float>(rows * nb * 2)};
+                std::vector<float>(rows * nb), std::vector<float>(rows * nb * 2), wide};
   at::parallel_for(0, rows, 16, [&](int64_t first, int64_t last) {  // a prefill's rows over the threads
     float block[kGroup];
     for (int64_t r = first; r < last; ++r) {
@@ -143,7 +148,7 @@ Activations quantize(const scalar_t* x, int64_t rows, int64_t K) {
           for (int t = 0; t < kGroup; ++t) block[t] = static_cast<float>(xb[t]);
         }
         const int64_t at = r * nb + j, off = r * K + j * kGroup;
-        quantize_block(f, a.scale[at], a.sum[at], &a.sum16[2 * at], &a.hi[off], &a.lo[off]);
+        quantize_block(f, a.scale[at], a.sum[at], &a.sum16[2 * at], &a.hi[off], &a.lo[off], wide);
       }
     }
   });

@@ -106,9 +106,9 @@ def _pack_rows(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, bits: i
     return torch.cat(parts, dim=-1)
 
 
-def linear(x: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
+def linear(x: torch.Tensor, parts: list[torch.Tensor], act_bits: int = 16) -> torch.Tensor:
     """x [T, K] -> [T, sum of the parts' N] in x's dtype: x @ W.T for the row-concatenation of `parts`."""
-    return torch.ops.kvstrata.int_dot_linear(x.contiguous(), parts)
+    return torch.ops.kvstrata.int_dot_linear(x.contiguous(), parts, act_bits)
 
 
 _ALL = torch.empty(0, dtype=torch.long)

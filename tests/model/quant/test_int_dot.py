@@ -30,12 +30,13 @@ def halved(w: IntWeight) -> IntWeight:
     return IntWeight(w.q, w.scale.half().float(), w.bias.half().float(), w.bits, w.group)
 
 
-def reference(x: torch.Tensor, w: IntWeight) -> tuple[torch.Tensor, torch.Tensor]:
+def reference(x: torch.Tensor, w: IntWeight, bits: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
     """What csrc/int_dot_linear.cpp computes, in float64: x per block of 32 to 16-bit integers (max |x|
-    / 32639, half to even), integer dots with q per group, then scale * sx and bias * (the group's sum of
-    x); and the sum of the terms' magnitudes (what bounds the kernel's float32 rounding)."""
+    / 32639, half to even; 8-bit: max |x| / 127), integer dots with q per group, then scale * sx and
+    bias * (the group's sum of x); and the sum of the terms' magnitudes (what bounds the kernel's float32
+    rounding)."""
     rows, K = x.shape
-    bound = 127 * 256 + 127
+    bound = 127 * 256 + 127 if bits == 16 else 127
     xb = x.float().view(rows, K // 32, 32)
     sx = xb.abs().amax(-1) / bound
     sx = torch.where(sx > 0, sx, torch.ones_like(sx))
@@ -49,8 +50,8 @@ def reference(x: torch.Tensor, w: IntWeight) -> tuple[torch.Tensor, torch.Tensor
     return terms.sum(-1) + xsum @ h.bias.double().T, terms.abs().sum(-1) + xsum.abs() @ h.bias.double().abs().T
 
 
-def assert_matches(got: torch.Tensor, x: torch.Tensor, w: IntWeight, tol: float) -> None:
-    want, magnitude = reference(x, w)
+def assert_matches(got: torch.Tensor, x: torch.Tensor, w: IntWeight, tol: float, bits: int = 16) -> None:
+    want, magnitude = reference(x, w, bits)
     assert ((got.double() - want).abs() <= tol * magnitude + 1e-30).all()
 
 
@@ -89,6 +90,25 @@ def test_linear_is_exact_integer_arithmetic(type_name: str, rows: int) -> None:
     half = int_dot.linear(x.bfloat16(), [packed])  # a bf16 model's activations: the output in bf16
     assert half.dtype == torch.bfloat16
     assert_matches(half.float(), x.bfloat16().float(), w, 1e-2)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 13])
+@pytest.mark.parametrize("type_name", TYPES)
+def test_8_bit_activations_are_exact_integer_arithmetic_too(type_name: str, rows: int) -> None:
+    """--activation-bits 8: one byte a value (llama.cpp's Q8 activations, per block of 32), the same
+    float steps; further from float than 16 bits, but each row alone as in a batch."""
+    w = weight(type_name, 64, 256, seed=rows + 100)
+    packed = int_dot.pack(w)
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)) * 2
+    x[0, :32] = 0.0
+    got = int_dot.linear(x, [packed], 8)
+    assert_matches(got, x, w, 1e-6, bits=8)
+    assert torch.equal(torch.cat([int_dot.linear(x[i:i + 1], [packed], 8) for i in range(rows)]), got)
+    exact = x @ halved(w).dequantize().T
+    err8, err16 = (got - exact).abs().max(), (int_dot.linear(x, [packed]) - exact).abs().max()
+    assert err16 < err8 < 0.05 * exact.abs().max()  # 8 bits: the coarser, still close
+    with pytest.raises(RuntimeError, match="act_bits: 8 or 16, not 12"):
+        int_dot.linear(x, [packed], 12)
 
 
 def test_parts_of_several_types_in_one_call() -> None:
@@ -132,6 +152,7 @@ def portable_outputs() -> dict[str, torch.Tensor]:
         x = torch.from_numpy(np.random.default_rng(i).standard_normal((9, 256)).astype(np.float32))
         for rows in (1, 2, 4, 5, 9):
             out[f"{type_name} rows={rows}"] = int_dot.linear(x[:rows], [packed])
+            out[f"{type_name} rows={rows} 8-bit"] = int_dot.linear(x[:rows], [packed], 8)
         out[f"{type_name} dense"] = int_dot.dequantize(packed, torch.float32)
     return out
 
