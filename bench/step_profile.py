@@ -2,14 +2,15 @@
 
     PYTHONPATH=. python bench/step_profile.py [--dtype float32] [--prefill 2048] [--context 2048]
         [--decode-steps 32] [--profile] [--q4-decode off] [--attention-backend auto|torch_sdpa|cpu_paged]
-        [--fused-ops auto|off] [--fused-decode-layers auto|off] [--ab-decode-layers BLOCKS]
+        [--fused-ops auto|off] [--fused-decode-layers auto|off] [--ab-decode-layers BLOCKS] [--ab-act-bits BLOCKS]
 
 Prints wall ms for the cold prefill of one `--prefill`-token prompt and ms per decode step at batch 1
 (one `--context`-token prompt) and batch 8 (eight `--context // 4`-token prompts); with `--profile`
 also torch.profiler's top ops by self CPU time for each phase, and how much of the wall time no op
 accounts for (Python between ops). With `--ab-decode-layers N`, only the decode steps at batch 1 and 8,
 alternating 16-step blocks with a step's layers in one op (kvstrata/model/decode_layers.py) and with
-the Python loop on one engine, N blocks each: the median ms per step of each.
+the Python loop on one engine, N blocks each: the median ms per step of each; `--ab-act-bits N` alike
+with 16-bit and 8-bit integer activations (`--activation-bits`).
 """
 from __future__ import annotations
 
@@ -107,6 +108,39 @@ def ab_decode_layers(llm: LLM, batch: list[list[int]], blocks: int, label: str) 
           + f" (medians of {blocks} blocks of 16 steps each)")
 
 
+def set_act_bits(llm: LLM, bits: int) -> None:
+    """The integer activations of every int-dot linear (and the decode-layers op) on this engine's model."""
+    model = llm.engine.model
+    model.act_bits = bits
+    for layer in model.layers:
+        for quant in layer.quant.all() if layer.quant is not None else []:
+            quant.act_bits = bits
+    if model.decode_layers is not None:
+        model.decode_layers.act_bits = bits
+
+
+def ab_act_bits(llm: LLM, batch: list[list[int]], blocks: int, label: str) -> None:
+    """ms per decode step with 16-bit and 8-bit integer activations, alternating blocks of 16 steps on one
+    engine: medians (the K/V the two write differ slightly; the step's work does not)."""
+    eng = llm.engine
+    if not llm.engine.model.uses_int_dot:
+        print(f"{label}: no linear runs on the integer-dot kernels here")
+        return
+    start_decoding(llm, batch, label)
+    times: dict[int, list[float]] = {16: [], 8: []}
+    for b in range(2 * blocks):
+        bits = 16 if b % 2 == 0 else 8
+        set_act_bits(llm, bits)
+        t = time.perf_counter()
+        for _ in range(16):
+            eng.step()
+        times[bits].append((time.perf_counter() - t) / 16 * 1e3)
+    set_act_bits(llm, 16)
+    abort_running(llm)
+    print(f"{label}: " + ", ".join(f"{bits}-bit activations {statistics.median(v):.2f} ms/step" for bits, v in times.items())
+          + f" (medians of {blocks} blocks of 16 steps each)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2")
@@ -118,17 +152,26 @@ def main() -> None:
     ap.add_argument("--attention-backend", default="auto", help="torch_sdpa, cpu_paged or auto (the server's default)")
     ap.add_argument("--fused-ops", default="auto", help="auto (the server's default) or off")
     ap.add_argument("--fused-decode-layers", default="auto", help="auto (the server's default) or off")
+    ap.add_argument("--activation-bits", default="auto", help="auto (the server's default), 8 or 16")
+    ap.add_argument("--prefill-weights", default="auto", help="auto (the server's default), dense, dequant or int")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--ab-decode-layers", type=int, default=0, metavar="BLOCKS",
                     help="only compare decode steps with the layers in one op against the Python loop, BLOCKS each")
+    ap.add_argument("--ab-act-bits", type=int, default=0, metavar="BLOCKS",
+                    help="only compare decode steps with 16-bit and 8-bit integer activations, BLOCKS each")
     a = ap.parse_args()
     llm = LLM(a.model, dtype=a.dtype, q4_decode=a.q4_decode, enable_prefix_caching=False, max_total_tokens=16384,
               attention_backend=a.attention_backend, fused_ops=a.fused_ops,
-              fused_decode_layers=a.fused_decode_layers)
+              fused_decode_layers=a.fused_decode_layers, activation_bits=a.activation_bits,
+              prefill_weights=a.prefill_weights, speculative="off")  # one token a row a step
     llm.generate([prompts(9, 1, 64)[0]], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
     if a.ab_decode_layers:
         ab_decode_layers(llm, prompts(1, 1, a.context), a.ab_decode_layers, f"decode b1 ctx {a.context}")
         ab_decode_layers(llm, prompts(2, 8, a.context // 4), a.ab_decode_layers, f"decode b8 ctx {a.context // 4}")
+        return
+    if a.ab_act_bits:
+        for batch in (1, 8):
+            ab_act_bits(llm, prompts(batch, batch, a.context // batch), a.ab_act_bits, f"decode b{batch} ctx {a.context // batch}")
         return
     long_prompt = prompts(0, 1, a.prefill)[0]
     one = SamplingParams(max_tokens=1, temperature=0.0)

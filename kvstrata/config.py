@@ -72,8 +72,17 @@ class ModelConfig:
         "auto",
         "what wide (prefill) steps of a quantized GGUF multiply by: dense = dense copies of its linears "
         "(2-4 bytes a weight), dequant = each linear dequantized just before its GEMM (memory about the file's "
-        "size); auto = dense up to 1 GiB of dense weights, else dequant",
-        choices=["auto", "dense", "dequant"],
+        "size), int = the integer-dot kernels as decode steps (no dense bytes); auto = int with 8-bit "
+        "activations, else dense up to 1 GiB of dense weights, else dequant",
+        choices=["auto", "dense", "dequant", "int"],
+    )
+    activation_bits: str = opt(
+        "auto",
+        "the integers our kernels multiply a GGUF's quantized blocks by in decode steps: 16 = each activation "
+        "as two bytes (greedy output as float32's on the dequantized weights), 8 = one byte a value per block of "
+        "32, as llama.cpp's Q8 activations (half the integer work; greedy output drifts more often); auto = 8 for "
+        "GGUFs 2048 or more wide (the 1B-8B files people download), 16 below (SmolLM2)",
+        choices=["auto", "8", "16"],
     )
     seed: int = opt(0, "global seed for requests that give none")
     malloc_tuning: str = opt(

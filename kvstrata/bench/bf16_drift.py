@@ -33,7 +33,8 @@ def add_bf16_drift_args(parser: argparse.ArgumentParser) -> None:
                         help="the engine measured against exact float32 (auto: this CPU's --dtype auto plan)")
     parser.add_argument("--model", default="smollm2",
                         help="a GGUF (or model name): float32 on its dequantized weights is the reference")
-    parser.add_argument("--prefill-weights", default="auto", choices=["auto", "dense", "dequant"])
+    parser.add_argument("--prefill-weights", default="auto", choices=["auto", "dense", "dequant", "int"])
+    parser.add_argument("--activation-bits", default="auto", choices=["auto", "8", "16"])
 
 
 def run_bf16_drift(ns: argparse.Namespace) -> int:
@@ -51,18 +52,18 @@ def run_bf16_drift(ns: argparse.Namespace) -> int:
         for t in rng.sample(TOPICS, min(ns.prompts, len(TOPICS)))]
     ref = [fp32.generate([p], greedy)[0].token_ids for p in prompts]
     del fp32
-    off = LLM(ns.model, dtype=ns.dtype, enable_prefix_caching=False, q4_decode=ns.q4_decode,
-              prefill_weights=ns.prefill_weights)
+    quant = {"q4_decode": ns.q4_decode, "prefill_weights": ns.prefill_weights, "activation_bits": ns.activation_bits}
+    off = LLM(ns.model, dtype=ns.dtype, enable_prefix_caching=False, **quant)
     bf_off = [off.generate([p], greedy)[0].token_ids for p in prompts]
     del off
-    on = LLM(ns.model, dtype=ns.dtype, q4_decode=ns.q4_decode, prefill_weights=ns.prefill_weights)
+    on = LLM(ns.model, dtype=ns.dtype, **quant)
     bf_on = [on.generate([p], greedy)[0] for p in prompts]  # prompt 2.. hit the shared system prompt
     hits = sum(1 for o in bf_on if o.cached_tokens > 0)
     d32 = [first_diff(a, b) for a, b in zip(ref, bf_off)]
     dcache = [first_diff(a.token_ids, b) for a, b in zip(bf_on, bf_off)]
     n = len(prompts)
     print(f"model={ns.model} prompts={n} tokens={ns.tokens} dtype={ns.dtype} q4_decode={ns.q4_decode} "
-          f"prefill_weights={ns.prefill_weights}")
+          f"prefill_weights={ns.prefill_weights} activation_bits={ns.activation_bits}")
     print(f"{ns.dtype} (cache off) identical to float32: {d32.count(None)}/{n}; "
           f"first divergence at tokens {sorted(d for d in d32 if d is not None)}")
     print(f"{ns.dtype} cache on identical to cache off: {dcache.count(None)}/{n} ({hits} served a cached prefix); "

@@ -34,7 +34,8 @@ from kvstrata.model.cpu_caps import read_cpu_info
 from kvstrata.model.dtype_plan import plan_dtype
 from kvstrata.model.fetch import resolve_model
 from kvstrata.model.llama import LlamaModel
-from kvstrata.model.quant.plan import keep_dense, q4_decode_wanted, quant_backend, weights_plan_line
+from kvstrata.model.quant.plan import (activation_bits, prefill_mode, q4_decode_wanted, quant_backend, unmet_request,
+                                       weights_plan_line)
 from kvstrata.model.tokenizer import Tokenizer
 from kvstrata.model.weights import load_weights
 
@@ -81,7 +82,9 @@ class Engine:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         backend = quant_backend(want_q4 and path.is_file(), model_cfg.fused_ops == "auto")
-        dense = keep_dense(model_cfg.prefill_weights, backend, path, dtype)
+        act_bits = activation_bits(model_cfg.activation_bits, path)
+        prefill = prefill_mode(model_cfg.prefill_weights, backend, path, dtype, act_bits)
+        dense = prefill == "dense"
         weights = load_weights(path, dtype if device.type == "cpu" else torch.float32, backend, dense)
         arch = weights.arch
         self.tokenizer = Tokenizer.from_path(path)
@@ -92,7 +95,11 @@ class Engine:
         self.model = LlamaModel(arch, weights.tensors, dtype, device, attention, tiles=weights.tiles, q4=weights.q4,
                                 rows=weights.rows, decode_max_rows=DECODE_MAX_ROWS.get(dtype),
                                 fused_ops=model_cfg.fused_ops == "auto",
-                                fused_decode_layers=model_cfg.fused_decode_layers == "auto")
+                                fused_decode_layers=model_cfg.fused_decode_layers == "auto",
+                                act_bits=act_bits, int_prefill=prefill == "int")
+        why = unmet_request(model_cfg.activation_bits, model_cfg.prefill_weights, self.model.uses_int_dot)
+        if why:
+            raise ConfigError(why)
         if model_cfg.q4_decode == "on" and not self.model.uses_quant:
             raise ConfigError(f"--q4-decode on: {path.name} has no quantized linears our kernels run (Q4_0/1, Q5_0/1, "
                               "Q8_0, Q4_K, Q5_K, Q6_K); use such a GGUF or --q4-decode off")
@@ -118,7 +125,8 @@ class Engine:
         # separate namespaces, so no tier (L3 is shared across machines of any CPU) mixes them
         m = self.model
         layout = ("llama-paged-v1" + ("+q4decode" if m.uses_quant else "") + ("+intdot" if m.uses_int_dot else "")
-                  + ("" if m.dense_linears else "+dequantprefill")
+                  + ("" if m.dense_linears else "+intprefill" if m.int_prefill else "+dequantprefill")
+                  + ("+act8" if m.act_bits == 8 else "")
                   + ("+fusedops" if m.fused_ops else "") + ("+silumul" if m.fused_silu else "")
                   + attention_layout(attention, dtype, device))
         root = namespace_root(path.name + ":" + identity, dtype_name, ps, layout)

@@ -57,13 +57,14 @@ def _flat_weights(layers: Sequence[Layer]) -> list[torch.Tensor] | None:
 class DecodeLayers:
     """The flat weight list and the static checks, made once per model; `run` per step."""
 
-    def __init__(self, weights: list[torch.Tensor], heads: int, kv_heads: int, eps: float, fused_silu: bool) -> None:
-        self.weights = weights
+    def __init__(self, weights: list[torch.Tensor], heads: int, kv_heads: int, eps: float, fused_silu: bool,
+                 act_bits: int = 16) -> None:
+        self.weights, self.act_bits = weights, act_bits
         self.heads, self.kv_heads, self.eps, self.fused_silu = heads, kv_heads, eps, fused_silu
 
     @classmethod
     def build(cls, layers: Sequence[Layer], arch: ModelArch, dtype: torch.dtype, attention: AttentionBackend,
-              int_dot_fused: bool, fused_silu: bool) -> DecodeLayers | None:
+              int_dot_fused: bool, fused_silu: bool, act_bits: int = 16) -> DecodeLayers | None:
         """None unless the op can run every layer of this model's decode steps; `int_dot_fused`: the model
         runs our fused ops and our integer-dot kernel (LlamaModel.fused_ops and .uses_int_dot)."""
         q = torch.empty(0, arch.num_heads, arch.head_dim, dtype=dtype)  # shapes only, for the kernel's own check
@@ -73,7 +74,7 @@ class DecodeLayers:
         weights = _flat_weights(layers) if static_ok else None
         if weights is None:
             return None
-        return cls(weights, arch.num_heads, arch.num_kv_heads, arch.rms_norm_eps, fused_silu)
+        return cls(weights, arch.num_heads, arch.num_kv_heads, arch.rms_norm_eps, fused_silu, act_bits)
 
     @staticmethod
     def applies(meta: AttentionMetadata, rows: int) -> bool:
@@ -87,4 +88,4 @@ class DecodeLayers:
         assert meta.decode_pages is not None and meta.decode_lens_t is not None
         torch.ops.kvstrata.decode_layers(x, h, self.weights, k_cache, v_cache, cos.contiguous(), sin.contiguous(),
                                          meta.slot_mapping, meta.decode_pages, meta.decode_lens_t, meta.page_size,
-                                         self.heads, self.kv_heads, self.eps, self.fused_silu)
+                                         self.heads, self.kv_heads, self.eps, self.fused_silu, self.act_bits)

@@ -30,7 +30,8 @@ class Linear:
     bias: torch.Tensor | None = None
 
     def __call__(self, x: torch.Tensor, narrow: bool, scratch: Scratch) -> torch.Tensor:
-        """x [T, K] -> [T, N]: the quantized kernel for a narrow step, else the dense weight."""
+        """x [T, K] -> [T, N]: the quantized kernel for a narrow step (every step with --prefill-weights
+        int), else the dense weight."""
         if narrow and self.quant is not None:
             out = self.quant(x)
             return out if self.bias is None else out + self.bias

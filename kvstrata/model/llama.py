@@ -7,7 +7,8 @@ in float32 then cast back, RoPE tables computed in float32 (rotate_half layout),
 Given a GGUF's quantized linears (`tiles` for our integer-dot kernels, or `q4` for torch's int4 one),
 steps of at most `q4_max_rows` rows (decode) run on them instead (quant/: weight reads, not arithmetic,
 bound those steps), with an int8 LM head (embed_head.py); wider steps use the dense weights, or
-dequantize each linear just before its GEMM where the model keeps no dense copy.
+dequantize each linear just before its GEMM where the model keeps no dense copy, or (`int_prefill`)
+run on the integer-dot kernels too.
 """
 from __future__ import annotations
 
@@ -52,10 +53,14 @@ class LlamaModel:
         decode_max_rows: int | None = None,
         fused_ops: bool = True,
         fused_decode_layers: bool = True,
+        act_bits: int = 16,
+        int_prefill: bool = False,
     ) -> None:
         """`tiles`: linears as int-dot tiles (run by our kernels, which must be built: cpu_kernels);
         `q4`: Q4 linears for torch's int4 kernel; `rows`: embedding / LM head read from the file
-        where `tensors` has no dense copy (gguf_loader.py)."""
+        where `tensors` has no dense copy (gguf_loader.py); `act_bits`: the integer activations of the
+        int-dot linears (8 or 16, `--activation-bits`); `int_prefill`: wide steps' linears on them too
+        (`--prefill-weights int`)."""
         self.arch = arch
         self.q4_max_rows = q4_max_rows
         # a step of decode rows only (a batch, or a verify step's rows: engine/spec/) stays on the quantized
@@ -74,6 +79,11 @@ class LlamaModel:
         self.layers: list[LayerWeights] = [build_layer(i, tensors, dtype, device, tiles, q4, prepack)
                                            for i in range(arch.num_layers)]
         self.uses_quant = any(layer.quant is not None for layer in self.layers)
+        self.act_bits = act_bits if self.uses_int_dot else 16
+        self.int_prefill = int_prefill and self.uses_int_dot
+        for layer in self.layers:
+            for quant in layer.quant.all() if layer.quant is not None else []:
+                quant.act_bits = self.act_bits
         self.dense_linears = all(lin.dense is not None for layer in self.layers for lin in layer.linears())
         self.prepacked = prepack and self.dense_linears
         self._scratch = Scratch()
@@ -95,7 +105,7 @@ class LlamaModel:
                          self.uses_int_dot and cpu_kernels.int_dot_simd(), dtype)
         # a pure decode step's layers in one C++ call where every op of it is ours (decode_layers.py)
         self.decode_layers = (DecodeLayers.build(self.layers, arch, dtype, attention, self.fused_ops and self.uses_int_dot,
-                                                 self.fused_silu) if fused_decode_layers else None)
+                                                 self.fused_silu, self.act_bits) if fused_decode_layers else None)
         cos, sin = rope_tables(arch, device)
         self.cos = cos.to(dtype)  # [max_position, D]
         self.sin = sin.to(dtype)
@@ -179,7 +189,7 @@ class LlamaModel:
         if narrow and self.decode_layers is not None and self.decode_layers.applies(meta, T):
             self.decode_layers.run(x, h, k_cache, v_cache, cos_t, sin_t, meta)
         else:
-            self._layers(x, h, cos_t, sin_t, meta, k_cache, v_cache, narrow)
+            self._layers(x, h, cos_t, sin_t, meta, k_cache, v_cache, narrow or self.int_prefill)
         return self.head(self._norm(x[logit_rows], self.norm), narrow)
 
     def _layers(self, x: torch.Tensor, h: torch.Tensor, cos_t: torch.Tensor, sin_t: torch.Tensor,

@@ -99,6 +99,9 @@ ENGINES: dict[str, EngineSpec] = {
     "kvstrata": EngineSpec("kvstrata", _kvstrata, "", "", 300.0),
     "kvstrata-nospec": EngineSpec("kvstrata-nospec", lambda port, gguf: [*_kvstrata(port, gguf), "--speculative", "off"],
                                   "", "", 300.0),
+    # 16-bit integer activations (and prefill as without them): what --activation-bits auto ran before 8 bits
+    "kvstrata-act16": EngineSpec("kvstrata-act16", lambda port, gguf: [*_kvstrata(port, gguf), "--activation-bits", "16"],
+                                 "", "", 300.0),
     "vllm": EngineSpec("vllm", _vllm, ".peers/vllm/bin/python", "run `make bench-peers`", 600.0, write_hf_copy),
     "vllm-ngram": EngineSpec("vllm-ngram", lambda port, gguf: [*_vllm(port, gguf), "--speculative-config", VLLM_NGRAM],
                              ".peers/vllm/bin/python", "run `make bench-peers`", 600.0, write_hf_copy),

@@ -30,6 +30,7 @@ def part_names(layer: int, linear: str) -> list[str]:
 class QuantLinear:
     parts: list[torch.Tensor] = field(default_factory=list)  # int-dot tiles [N_p / 16, K / 32, bytes], row order
     torch_int4: TorchInt4 | None = None  # set: torch's int4 kernel runs it instead
+    act_bits: int = 16  # the integer activations our kernel multiplies the tiles by (8 or 16; int_dot_linear.cpp)
 
     @property
     def out_features(self) -> int:
@@ -52,7 +53,7 @@ class QuantLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, K] -> [T, N] in x's dtype
         if self.torch_int4 is not None:
             return self.torch_int4(x)
-        return int_dot.linear(x, self.parts)
+        return int_dot.linear(x, self.parts, self.act_bits)
 
     def dequantize(self, dtype: torch.dtype, out: torch.Tensor | None = None, start: int = 0,
                    stop: int | None = None) -> torch.Tensor:

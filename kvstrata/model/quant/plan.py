@@ -4,9 +4,11 @@
   kernels build and the CPU has AVX512-VNNI or AVX2, with `--fused-ops auto`), "torch_int4" (torch's
   CPU int4 kernel: Q4_0/Q4_1 only, dense copies beside), or None (dense only: the exact float32 path,
   `--q4-decode off`, CUDA).
-- keep_dense: whether wide (prefill) steps get dense copies of the quantized linears. A dense copy is
-  2-4 bytes a weight (5-8x the file of a 4-bit model), so `auto` keeps one only for small models
-  (<= DENSE_AUTO_BYTES); larger ones dequantize each linear just before its GEMM.
+- prefill_mode: whether wide (prefill) steps get dense copies of the quantized linears, dequantize each
+  linear just before its GEMM, or run on the integer-dot kernels. A dense copy is 2-4 bytes a weight
+  (5-8x the file of a 4-bit model), so `auto` keeps one only for small models (<= DENSE_AUTO_BYTES);
+  with 8-bit activations the integer kernels are the fastest of the three.
+- activation_bits: 8 or 16-bit integer activations for those kernels (`--activation-bits`).
 """
 from __future__ import annotations
 
@@ -52,13 +54,30 @@ def quant_backend(wanted: bool, fused_ops: bool) -> str | None:
     return "torch_int4" if torch_int4_supported() else None
 
 
-def keep_dense(mode: str, backend: str | None, path: Path, dtype: torch.dtype) -> bool:
-    """`--prefill-weights`: dense = always keep dense copies; dequant = never (int_dot only); auto = by size."""
-    if backend != "int_dot" or mode == "dense":
-        return True
-    if mode == "dequant":
-        return False
-    return dense_bytes(path, dtype) <= DENSE_AUTO_BYTES
+def prefill_mode(mode: str, backend: str | None, path: Path, dtype: torch.dtype, act_bits: int) -> str:
+    """`--prefill-weights` resolved: dense (keep dense copies), dequant (each linear dequantized just before
+    its GEMM) or int (our integer-dot kernels, int_dot only). auto = int with 8-bit activations (there
+    about 1.3-1.6x dequant + a float32 GEMM at 2,048 rows on AVX2, and no dense bytes), else dense up to
+    DENSE_AUTO_BYTES of dense weights, else dequant. Without the int_dot backend: dense."""
+    if backend != "int_dot":
+        return "dense"
+    if mode != "auto":
+        return mode
+    if act_bits == 8:
+        return "int"
+    return "dense" if dense_bytes(path, dtype) <= DENSE_AUTO_BYTES else "dequant"
+
+
+def unmet_request(activation_bits_flag: str, prefill_weights_flag: str, uses_int_dot: bool) -> str | None:
+    """Why an explicit `--activation-bits 8` or `--prefill-weights int` cannot be honoured (they need the
+    integer-dot kernels), else None."""
+    if uses_int_dot:
+        return None
+    for flag, value, needs in (("--activation-bits", activation_bits_flag, "8"), ("--prefill-weights", prefill_weights_flag, "int")):
+        if value == needs:
+            return (f"{flag} {value} needs our integer-dot kernels: a GGUF with quantized linears, a CPU with "
+                    "AVX2 or AVX512-VNNI, --q4-decode auto/on (not an explicit --dtype float32) and --fused-ops auto")
+    return None
 
 
 def dense_bytes(path: Path, dtype: torch.dtype) -> int:
@@ -77,6 +96,24 @@ def dense_bytes(path: Path, dtype: torch.dtype) -> int:
     return total
 
 
+WIDE_HIDDEN = 2048  # auto takes 8-bit activations from this hidden size up
+
+
+def activation_bits(mode: str, path: Path) -> int:
+    """`--activation-bits` resolved for a model: auto = 8 for a GGUF of hidden size >= WIDE_HIDDEN (the 1B-8B
+    files people download for llama.cpp, whose numerics there are 8-bit activations: half the integer work,
+    which decode steps of several rows and prefill on the integer kernels are bound by), else 16 (narrow
+    models such as SmolLM2: greedy output as float32's on the dequantized weights)."""
+    if mode != "auto":
+        return int(mode)
+    if path.is_dir():
+        return 16
+    from kvstrata.model.gguf_header import read_gguf_header
+
+    embed = next((t for t in read_gguf_header(path).tensors if t.name == "token_embd.weight"), None)
+    return 8 if embed is not None and embed.shape[-1] >= WIDE_HIDDEN else 16
+
+
 def weights_plan_line(model: Any, types: dict[str, str]) -> str:
     """One key=value start-up line: which kernel runs which linears, the file's types, resident bytes.
     `model` is a LlamaModel (typed loosely: this module sits below it)."""
@@ -86,7 +123,8 @@ def weights_plan_line(model: Any, types: dict[str, str]) -> str:
             kernels["+".join(lin.quant.formats()) if lin.quant is not None else "dense"] += 1
     resident = model.resident_bytes()
     fields = [f"quantized={'int_dot' if model.uses_int_dot else 'torch_int4' if model.uses_quant else 'none'}",
-              f"prefill_weights={'dense' if model.dense_linears else 'dequant'}",
+              f"prefill_weights={'dense' if model.dense_linears else 'int' if model.int_prefill else 'dequant'}",
+              f"activation_bits={model.act_bits}",
               "linears=" + ",".join(f"{k}:{v}" for k, v in sorted(kernels.items())),
               "file_types=" + ",".join(f"{k}:{v}" for k, v in sorted(Counter(types.values()).items())),
               *(f"{k}_mb={v / 2**20:.0f}" for k, v in resident.items()),

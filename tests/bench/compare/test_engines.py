@@ -51,6 +51,8 @@ def test_every_engine_serves_the_compared_gguf(tmp_path: Path, monkeypatch: pyte
     assert engines.ENGINES["vllm-ngram"].prepare is engines.write_hf_copy
     nospec = engines.ENGINES["kvstrata-nospec"].command(8400, "models/x.gguf")
     assert nospec[:len(cmd)] == cmd and nospec[len(cmd):] == ["--speculative", "off"]
+    act16 = engines.ENGINES["kvstrata-act16"].command(8400, "models/x.gguf")
+    assert act16[len(cmd):] == ["--activation-bits", "16"]
     ngram = engines.ENGINES["vllm-ngram"].command(8400, "models/x.gguf")
     assert json.loads(ngram[ngram.index("--speculative-config") + 1])["method"] == "ngram"
     engines.write_hf_copy(default_tokenizer())  # the default model's copy comes from `make bench-peers`

@@ -130,3 +130,47 @@ def test_a_prompt_longer_than_a_step_on_a_model_without_dense_copies() -> None:
     assert len(out.token_ids) == 8
     dense = LLM("smollm2", prefill_weights="dense", max_num_batched_tokens=32, max_total_tokens=512)
     assert dense.generate([prompt * 3], params)[0].token_ids == out.token_ids
+
+
+def test_wide_steps_on_the_integer_kernels(tiny_model_dir: Path) -> None:
+    """--prefill-weights int: a wide step's linears run on the tiles as a narrow step's do, rows apart, so
+    the 8-row prefill writes the K/V an all-narrow model writes (the next decode step's logits are equal)."""
+    assert cpu_kernels.load_kernels()
+    w = load_weights(tiny_model_dir)
+    tiles, _, dense_w = quantize_linears(w.tensors, lambda n: "Q5_1" if "down" in n else "Q4_1")
+    attn = make_attention_backend("torch_sdpa")
+    wide = LlamaModel(w.arch, dense_w, torch.float32, CPU, attn, tiles=dict(tiles), q4_max_rows=1, fused_ops=False,
+                      act_bits=8, int_prefill=True)
+    narrow = LlamaModel(w.arch, dense_w, torch.float32, CPU, attn, tiles=dict(tiles), q4_max_rows=8, fused_ops=False,
+                        act_bits=8)
+    plain = LlamaModel(w.arch, dense_w, torch.float32, CPU, attn, tiles=tiles, q4_max_rows=1, fused_ops=False, act_bits=8)
+    assert wide.int_prefill and not narrow.int_prefill and wide.act_bits == 8
+    ids = torch.randint(0, w.arch.vocab_size, (9,), generator=torch.Generator().manual_seed(2))
+    (wp, wd), (np_, nd), (pp, pd) = _two_steps(wide, ids), _two_steps(narrow, ids), _two_steps(plain, ids)
+    assert torch.equal(wd, nd)
+    assert not torch.equal(wd, pd)  # the dense prefill's K/V differ: the step did run on the tiles
+    torch.testing.assert_close(wp, pp, atol=5e-2 * pp.abs().max().item(), rtol=5e-2)
+
+
+def test_8_bit_activations_keep_cache_on_equal_to_cache_off() -> None:
+    """SmolLM2 with --activation-bits 8 (prefill on the integer kernels too): a prompt served from the
+    prefix cache gives the tokens its uncached prefill gives; the KV namespace is its own."""
+    from kvstrata import LLM, SamplingParams
+
+    params = SamplingParams(max_tokens=12, temperature=0)
+    system = "You are a terse assistant. Answer in one sentence. " * 4
+    prompts = [system + q for q in ("What is a tide?", "What is a glacier?")]
+    runs, roots = [], []
+    for bits, caching in (("8", True), ("8", False), ("16", True)):
+        llm = LLM("smollm2", activation_bits=bits, enable_prefix_caching=caching, max_total_tokens=1024, speculative="off")
+        m = llm.engine.model
+        if caching:
+            roots.append(llm.engine.prefix_cache.root)
+        if bits == "16":
+            break
+        assert m.act_bits == 8 and m.int_prefill and (m.decode_layers is None or m.decode_layers.act_bits == 8)
+        outs = llm.generate(prompts, params) if not caching else [llm.generate([p], params)[0] for p in prompts]
+        assert not caching or outs[1].cached_tokens > 0
+        runs.append([o.token_ids for o in outs])
+    assert runs[0] == runs[1]
+    assert roots[0] != roots[1]  # 8-bit K/V never serve a 16-bit model (L3 is shared across machines)
