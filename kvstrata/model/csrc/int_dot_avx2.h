@@ -19,8 +19,8 @@ constexpr int kPrefetch = 8;  // tiles ahead (prefetch_ahead)
 
 // The tile kPrefetch tiles on, into L1, while this one is computed (on the first half's pass: the second
 // finds the column in L1). A tile column is contiguous and the next one follows it, so the hardware
-// prefetchers would find the stream too, but late: at one row a step the kernel waited on memory for
-// about half its time (a 1B model's 8192 x 2048 Q4 weight from DRAM, Zen 3: 0.87 -> 0.60 ms on 2 threads).
+// prefetchers would find the stream too, but late: at one row a step the kernel waited on memory (a 1B
+// Q4_K_M decode step at batch 1 on the Zen 3 EPYC: 56.4 -> 50.9 ms, bench/step_profile.py --ab-act-bits).
 inline void prefetch_ahead(const uint8_t* wb, int64_t tile_bytes) {
   const uint8_t* p = wb + kPrefetch * tile_bytes;
   for (int64_t l = 0; l < tile_bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(p + l), _MM_HINT_T0);
