@@ -108,17 +108,6 @@ def ab_decode_layers(llm: LLM, batch: list[list[int]], blocks: int, label: str) 
           + f" (medians of {blocks} blocks of 16 steps each)")
 
 
-def set_act_bits(llm: LLM, bits: int) -> None:
-    """The integer activations of every int-dot linear (and the decode-layers op) on this engine's model."""
-    model = llm.engine.model
-    model.act_bits = bits
-    for layer in model.layers:
-        for quant in layer.quant.all() if layer.quant is not None else []:
-            quant.act_bits = bits
-    if model.decode_layers is not None:
-        model.decode_layers.act_bits = bits
-
-
 def ab_act_bits(llm: LLM, batch: list[list[int]], blocks: int, label: str) -> None:
     """ms per decode step with 16-bit and 8-bit integer activations, alternating blocks of 16 steps on one
     engine: medians (the K/V the two write differ slightly; the step's work does not)."""
@@ -130,12 +119,12 @@ def ab_act_bits(llm: LLM, batch: list[list[int]], blocks: int, label: str) -> No
     times: dict[int, list[float]] = {16: [], 8: []}
     for b in range(2 * blocks):
         bits = 16 if b % 2 == 0 else 8
-        set_act_bits(llm, bits)
+        llm.engine.model.set_act_bits(bits)
         t = time.perf_counter()
         for _ in range(16):
             eng.step()
         times[bits].append((time.perf_counter() - t) / 16 * 1e3)
-    set_act_bits(llm, 16)
+    llm.engine.model.set_act_bits(16)
     abort_running(llm)
     print(f"{label}: " + ", ".join(f"{bits}-bit activations {statistics.median(v):.2f} ms/step" for bits, v in times.items())
           + f" (medians of {blocks} blocks of 16 steps each)")

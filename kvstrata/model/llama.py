@@ -79,11 +79,9 @@ class LlamaModel:
         self.layers: list[LayerWeights] = [build_layer(i, tensors, dtype, device, tiles, q4, prepack)
                                            for i in range(arch.num_layers)]
         self.uses_quant = any(layer.quant is not None for layer in self.layers)
-        self.act_bits = act_bits if self.uses_int_dot else 16
         self.int_prefill = int_prefill and self.uses_int_dot
-        for layer in self.layers:
-            for quant in layer.quant.all() if layer.quant is not None else []:
-                quant.act_bits = self.act_bits
+        self.decode_layers: DecodeLayers | None = None  # built below, once the head and fused ops are known
+        self.set_act_bits(act_bits if self.uses_int_dot else 16)
         self.dense_linears = all(lin.dense is not None for layer in self.layers for lin in layer.linears())
         self.prepacked = prepack and self.dense_linears
         self._scratch = Scratch()
@@ -109,6 +107,15 @@ class LlamaModel:
         cos, sin = rope_tables(arch, device)
         self.cos = cos.to(dtype)  # [max_position, D]
         self.sin = sin.to(dtype)
+
+    def set_act_bits(self, bits: int) -> None:
+        """The integer activations (8 or 16) of every int-dot linear and of the decode-layers op."""
+        self.act_bits = bits
+        for layer in self.layers:
+            for quant in layer.quant.all() if layer.quant is not None else []:
+                quant.act_bits = bits
+        if self.decode_layers is not None:
+            self.decode_layers.act_bits = bits
 
     def linear_params(self) -> int:
         """Weights of the layers' linears: the multiply-adds a token costs in them."""
