@@ -60,8 +60,11 @@ class GrammarBackend:
     def mask_logits(self, logits: torch.Tensor, matchers: list[Any], drafts: list[list[int]] | None = None) -> torch.Tensor:
         """logits: [S, V], one row per sampling request (len(drafts[i]) + 1 rows for a request verifying a
         draft) -> the same with each constrained row's forbidden tokens at -inf; rows whose matcher is
-        None are left as they are. A draft's row j is masked in the grammar's state after draft[:j]
-        (the matcher walks the draft, then rolls back: the engine feeds it what is accepted)."""
+        None are left as they are. A draft's row j is masked in the grammar's state after draft[:j], walked
+        on a copy of the request's matcher (~16 us at 1,200 tokens): the engine feeds the matcher itself
+        only what is emitted. Not a walk then `rollback` on the matcher: a stopped matcher takes EOS
+        without recording it, so a draft that completes the grammar then drafts EOS would roll back one
+        token too many (a forced call then read `{"city":Rome`, its opening quote lost)."""
         if all(m is None for m in matchers):
             return logits
         bits = np.full((logits.shape[0], self.mask_words), -1, dtype=np.int32)  # all allowed
@@ -69,13 +72,12 @@ class GrammarBackend:
         for i, m in enumerate(matchers):
             draft = drafts[i] if drafts is not None else []
             if m is not None:
+                walk = m.deep_copy() if draft else m
                 for j in range(len(draft) + 1):
                     v = bits[row + j]
-                    m.unsafe_compute_mask_ptr(v.ctypes.data, v.nbytes)
-                    if j < len(draft) and not m.consume_token(draft[j]):  # drafts were cut to what it accepts
-                        raise RuntimeError(f"grammar refused draft token {draft[j]}: {m.get_error()}")
-                if draft:
-                    m.rollback(len(draft))
+                    walk.unsafe_compute_mask_ptr(v.ctypes.data, v.nbytes)
+                    if j < len(draft) and not walk.consume_token(draft[j]):  # drafts were cut to what it accepts
+                        raise RuntimeError(f"grammar refused draft token {draft[j]}: {walk.get_error()}")
             row += len(draft) + 1
         forbid = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, : logits.shape[-1]] == 0
         if logits.device.type != "cpu":

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import jsonschema
+import numpy as np
 import pytest
 import torch
 
@@ -116,3 +117,32 @@ def test_smollm2_forced_call_is_valid(smollm2_path: Path) -> None:
     call: dict[str, Any] = message["tool_calls"][0]["function"]
     assert call["name"] == "get_weather"  # recorded: {"name": "get_weather", "arguments": {"city": "Paris"}}
     jsonschema.validate(json.loads(call["arguments"]), TOOLS[0]["function"]["parameters"])
+
+
+def _mask(matcher: Any, words: int) -> list[int]:
+    bits = np.zeros(words, dtype=np.int32)
+    matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+    return bits.tolist()
+
+
+@pytest.mark.parametrize("left", [1, 2, 3])
+def test_masking_a_draft_leaves_the_matcher_where_it_was(tiny_engine: Engine, left: int) -> None:
+    """A draft that completes the call then drafts EOS (a suffix drafter copies a whole earlier call and its
+    end of turn): the draft's rows are masked, and the request's matcher is left in its own state, so the
+    model's token after a rejected draft is judged there. Walked then rolled back on the matcher itself,
+    the EOS a stopped matcher takes without recording cost one token too many: `{"city":` lost its state
+    and the opening quote the model wrote next was refused (a CI failure of the agents test)."""
+    backend, tok = tiny_engine.grammar, tiny_engine.tokenizer
+    matcher = tiny_engine.grammars.matcher(tool_call_grammar(FORMATS["json"], TOOLS))
+    call = tok.encode('{"name": "get_weather", "arguments": {"city": "Paris"}}')
+    for t in call[:-left]:
+        assert matcher.consume_token(t)
+    before = _mask(matcher, backend.mask_words)
+    draft = call[-left:] + [tok.eos_token_ids[0]]
+    assert matcher.validate_tokens(draft) == len(draft)
+    masked = backend.mask_logits(torch.zeros(len(draft) + 1, backend.vocab_size), [matcher], [draft])
+    assert torch.isfinite(masked[-1]).sum() == 1  # after the call: only EOS
+    assert _mask(matcher, backend.mask_words) == before
+    for t in call[-left:]:  # the model's own tokens are still what the grammar expects here
+        assert matcher.consume_token(t), matcher.get_error()
+    assert matcher.is_stopped() and not matcher.is_error()
