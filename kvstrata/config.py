@@ -84,6 +84,13 @@ class ModelConfig:
         "GGUFs 2048 or more wide (the 1B-8B files people download), 16 below (SmolLM2)",
         choices=["auto", "8", "16"],
     )
+    weights_cache: str = opt(
+        "auto",
+        "keep a GGUF's converted weights (the integer kernels' tiles, the int8 LM head) under "
+        "$KVSTRATA_HOME/converted after its first load and map them at later starts (seconds less to healthy, "
+        "about the quantized weights' size on disk); off = convert at every start",
+        choices=["auto", "off"],
+    )
     seed: int = opt(0, "global seed for requests that give none")
     malloc_tuning: str = opt(
         "auto",
@@ -247,7 +254,7 @@ class ServerConfig:
         "dummy prompt tokens the engine runs in one step (plus one decode step) before the server says it is "
         "ready, so the first request pays no first-use costs (page faults, kernels at that size), as vLLM's "
         "start-up profile run; default = --max-num-batched-tokens, cut for large models to ~2.7e11 multiply-adds "
-        "(SmolLM2: 2048 tokens, a 1B model: ~280), 0 = off",
+        "(SmolLM2: 2048 tokens, a 1B model: ~280) and to 64 where prefill runs on the integer kernels, 0 = off",
         min=0,
     )
 

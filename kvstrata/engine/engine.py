@@ -32,7 +32,7 @@ from kvstrata.model.arch import ModelArch
 from kvstrata.model.attention import attention_layout, make_attention_backend
 from kvstrata.model.cpu_caps import read_cpu_info
 from kvstrata.model.dtype_plan import plan_dtype
-from kvstrata.model.fetch import resolve_model
+from kvstrata.model.fetch import model_home, resolve_model
 from kvstrata.model.llama import LlamaModel
 from kvstrata.model.quant.plan import (activation_bits, prefill_mode, q4_decode_wanted, quant_backend, unmet_request,
                                        weights_plan_line)
@@ -49,6 +49,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 DECODE_MAX_ROWS = {torch.float32: 32}
 SPEC_COST_ROWS = 8  # rows of the steps that time what a row costs (spec/cost.py)
 WARMUP_MACS = 1 << 38  # the default warm-up step's linear work (Engine.default_warmup_tokens)
+# ... and its tokens where prefill runs on the integer kernels: they build nothing per shape, so a short step
+# warms them; 1B Q4_K_M file, 1k-token cold prompts (Zen 3): the first three TTFTs 15.9 / 17.5 / 17.3 s
+# after a 64-token warm-up, 15.7 / 17.3 / 15.5 s after 282, whose step took 4.9 s of the start against 1.2
+WARMUP_INT_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,8 @@ class Engine:
         act_bits = activation_bits(model_cfg.activation_bits, path)
         prefill = prefill_mode(model_cfg.prefill_weights, backend, path, dtype, act_bits)
         dense = prefill == "dense"
-        weights = load_weights(path, dtype if device.type == "cpu" else torch.float32, backend, dense)
+        cache_root = model_home() / "converted" if model_cfg.weights_cache == "auto" else None
+        weights = load_weights(path, dtype if device.type == "cpu" else torch.float32, backend, dense, cache_root)
         arch = weights.arch
         self.tokenizer = Tokenizer.from_path(path)
         try:
@@ -296,7 +301,10 @@ class Engine:
 
     def default_warmup_tokens(self, step_budget: int) -> int:
         """The step budget, cut so a warm-up prefill does at most WARMUP_MACS multiply-adds in the linears
-        (SmolLM2 keeps 2048 tokens; a 1B model runs ~280, not the minute a 2k-token step takes on 2 cores)."""
+        (SmolLM2 keeps 2048 tokens; a 1B model runs ~280, not the minute a 2k-token step takes on 2 cores),
+        and to WARMUP_INT_TOKENS where prefill runs on the integer kernels."""
+        if self.model.int_prefill:
+            return min(step_budget, WARMUP_INT_TOKENS)
         return min(step_budget, max(64, WARMUP_MACS // max(1, self.model.linear_params())))
 
     def warm_up(self, num_tokens: int) -> WarmupReport:

@@ -44,8 +44,15 @@ class Head:
                 self.int8 = Int8Head.quantize(dense, int_dot)
             else:
                 assert rows is not None
-                self.int8 = Int8Head.from_rows(rows.chunk, rows.shape[0], rows.shape[1], int_dot)
-                rows.drop_pages()  # read whole once; later only a step's candidate rows
+                r = rows
+
+                def build() -> dict[str, torch.Tensor]:
+                    head = Int8Head.from_rows(r.chunk, r.shape[0], r.shape[1], int_dot)
+                    r.drop_pages()  # read whole once; later only a step's candidate rows
+                    return head.tensors()
+
+                group = "int8head-intdot" if int_dot else "int8head"
+                self.int8 = Int8Head.of_tensors(rows.cache.get_or_build(group, build) if rows.cache else build())
 
     def __call__(self, x: torch.Tensor, narrow: bool) -> torch.Tensor:  # [S, hidden] -> [S, V] float32
         if self.int8 is not None and (narrow or self.dense is None):

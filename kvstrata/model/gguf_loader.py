@@ -24,6 +24,7 @@ import torch
 from kvstrata.model.arch import ModelArch
 from kvstrata.model.gguf_header import GGUFTensorInfo, gguf_identity, read_gguf_header
 from kvstrata.model.quant.blocks import IntWeight, block_type, decode_blocks
+from kvstrata.model.quant.converted_cache import ConvertedCache
 from kvstrata.model.quant.gguf_rows import GgufRows, drop_pages
 from kvstrata.model.quant.int_dot import pack_raw, raw_packable
 from kvstrata.model.quant.torch_int4 import TorchInt4
@@ -81,12 +82,14 @@ class GgufWeights:
 
 
 def load_gguf(path: Path, dtype: torch.dtype = torch.float32, quant: str | None = None, keep_dense: bool = True,
-              num_threads: int | None = None) -> GgufWeights:
+              num_threads: int | None = None, cache_root: Path | None = None) -> GgufWeights:
     """The tensors of `path`, tensor by tensor (never a float32 copy of the whole model).
 
     quant None: every tensor dense in `dtype`. "int_dot": linears of a block type (quant/blocks.py) as
     int-dot tiles, the embedding and LM head as rows read from the file; dense copies of those too only
-    with `keep_dense`. "torch_int4": everything dense, and the Q4_0/Q4_1 linears as blocks too."""
+    with `keep_dense`. "torch_int4": everything dense, and the Q4_0/Q4_1 linears as blocks too.
+    `cache_root` ("int_dot"): the tiles (and, through the head's rows, the int8 head) are kept there once
+    converted and mapped from there at later loads (quant/converted_cache.py)."""
     header = read_gguf_header(path)
     arch = ModelArch.from_gguf_metadata(header.metadata, header.tensor_names())
     wanted: list[tuple[GGUFTensorInfo, str]] = []
@@ -100,18 +103,28 @@ def load_gguf(path: Path, dtype: torch.dtype = torch.float32, quant: str | None 
         wanted.append((info, name))
     data = np.memmap(path, dtype=np.uint8, mode="r")
     out = GgufWeights(arch, {}, gguf_identity(header), path)
-    load = functools.partial(_load_tensor, data, arch=arch, dtype=dtype, quant=quant, keep_dense=keep_dense, out=out)
+    cache = ConvertedCache(cache_root, out.identity, path) if cache_root is not None and quant == "int_dot" else None
+    cached = cache.load("tiles") if cache is not None else None
+    load = functools.partial(_load_tensor, data, arch=arch, dtype=dtype, quant=quant, keep_dense=keep_dense, out=out,
+                             cached=cached or {})
     threads = num_threads or min(8, torch.get_num_threads())
     # numpy releases the GIL in the dequant kernels, so tensors load in parallel
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         list(pool.map(lambda item: load(item[0], item[1]), wanted))
     del data  # unmapped: the pages read while packing leave this process (rows keep maps of their own)
+    if cache is not None:
+        for rows in out.rows.values():
+            rows.cache = cache
+        if cached is None and out.tiles:
+            cache.save("tiles", out.tiles)
+    logger.info("event=gguf_tiles source=%s tensors=%d", "converted" if cached is None else "cache", len(out.tiles))
     return out
 
 
 def _load_tensor(data: np.memmap, info: GGUFTensorInfo, name: str, *, arch: ModelArch, dtype: torch.dtype,
-                 quant: str | None, keep_dense: bool, out: GgufWeights) -> None:
-    """Puts tensor `name` into `out` in the forms asked for (dict stores are atomic under the GIL)."""
+                 quant: str | None, keep_dense: bool, out: GgufWeights, cached: dict[str, torch.Tensor]) -> None:
+    """Puts tensor `name` into `out` in the forms asked for (dict stores are atomic under the GIL); `cached`:
+    tiles converted at an earlier load."""
     from gguf import GGMLQuantizationType
 
     type_name = GGMLQuantizationType(info.ggml_type).name
@@ -123,6 +136,9 @@ def _load_tensor(data: np.memmap, info: GGUFTensorInfo, name: str, *, arch: Mode
     kept = False  # whether the tensor is held in a quantized form (then dense only with keep_dense)
     if quant == "int_dot" and name in (EMBED, HEAD):
         out.rows[name] = GgufRows(out.path, info.offset, info.nbytes, type_name, (shape[0], shape[1]))
+        kept = True
+    elif quant == "int_dot" and name in cached:
+        out.tiles[name] = cached[name]
         kept = True
     elif quant == "int_dot" and name.endswith("proj.weight") and raw_packable(type_name, shape):
         order = raw if not heads else raw[unpermute_rope_rows(torch.arange(shape[0]).unsqueeze(1), heads).squeeze(1).numpy()]

@@ -62,12 +62,13 @@ def expected_tensor_names(arch: ModelArch) -> list[str]:
 
 
 def load_weights(path: str | Path, dtype: torch.dtype = torch.float32, quant: str | None = None,
-                 keep_dense: bool = True) -> LoadedWeights:
+                 keep_dense: bool = True, cache_root: Path | None = None) -> LoadedWeights:
     """Load a .gguf file or a folder with config.json + *.safetensors, dense tensors in `dtype`.
 
     `quant` and `keep_dense` (GGUF only; gguf_loader.load_gguf): "int_dot" keeps block-type linears as
     int-dot tiles and the embedding / LM head in the file (dense copies too only with `keep_dense`);
-    "torch_int4" keeps the Q4_0/Q4_1 linears' blocks beside the dense weights.
+    "torch_int4" keeps the Q4_0/Q4_1 linears' blocks beside the dense weights. `cache_root`: where a GGUF's
+    converted tiles and int8 head are kept between starts (quant/converted_cache.py; None: converted each time).
     """
     path = Path(path).expanduser()
     start = time.perf_counter()
@@ -77,7 +78,7 @@ def load_weights(path: str | Path, dtype: torch.dtype = torch.float32, quant: st
     elif path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ValueError(f"{path} is neither a .gguf file nor a folder; pass a GGUF file or a HF model folder.")
-        g = load_gguf(path, dtype, quant, keep_dense)
+        g = load_gguf(path, dtype, quant, keep_dense, cache_root=cache_root)
         loaded = LoadedWeights(g.arch, g.tensors, g.identity, path, g.tiles, g.q4, g.rows, g.types)
     else:
         raise FileNotFoundError(f"model path {path} does not exist; pass a .gguf file or a HF model folder.")

@@ -71,6 +71,10 @@ def test_the_default_warm_up_is_cut_for_large_models(tiny_model_dir: Path, monke
     assert eng.default_warmup_tokens(2048) == 300
     monkeypatch.setattr(engine_module, "WARMUP_MACS", params)
     assert eng.default_warmup_tokens(2048) == 64  # never below a 64-token step
+    monkeypatch.setattr(engine_module, "WARMUP_MACS", params * 300)
+    monkeypatch.setattr(eng.model, "int_prefill", True)  # prefill on the integer kernels: nothing to build per shape
+    assert eng.default_warmup_tokens(2048) == engine_module.WARMUP_INT_TOKENS
+    assert eng.default_warmup_tokens(16) == 16
 
 
 def test_call_blocking_runs_on_the_engine_thread(tiny_model_dir: Path) -> None:

@@ -12,11 +12,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kvstrata.model.quant.converted_cache import ConvertedCache
+
 
 class GgufRows:
     def __init__(self, path: Path, offset: int, nbytes: int, type_name: str, shape: tuple[int, int]) -> None:
         self.shape = shape  # [rows, columns], torch order
         self.type_name = type_name
+        self.cache: ConvertedCache | None = None  # where what is built from these rows is kept (the int8 head)
         # a map of this tensor's bytes only: [rows, bytes a row]
         self._raw = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(shape[0], nbytes // shape[0]))
 

@@ -82,6 +82,18 @@ class Int8Head:
         # torch's kernel reads `weight`; ours only its pack (the same values), so only one is kept
         return cls(q if pack is None else torch.empty(0, hidden, dtype=torch.int8), scales.to(KERNEL_DTYPE), pack)
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Its tensors by name (converted_cache.py keeps them); `of_tensors` rebuilds it."""
+        out = {"weight": self.weight, "scales": self.scales}
+        if self.pack is not None:
+            out.update(packed=self.pack.packed, wsum=self.pack.wsum, wscale=self.pack.wscale)
+        return out
+
+    @classmethod
+    def of_tensors(cls, t: dict[str, torch.Tensor]) -> Int8Head:
+        pack = Int8HeadPack(t["packed"], t["wsum"], t["wscale"]) if "packed" in t else None
+        return cls(t["weight"], t["scales"], pack)
+
     def int8_weight(self) -> torch.Tensor:
         """[V, hidden] int8, whichever kernel holds it."""
         if self.pack is None:

@@ -1,0 +1,143 @@
+"""A GGUF's converted weights kept on disk: written at its first load, mapped from the file at later ones.
+
+Our integer kernels run their own tile layout (int_dot.py), not the GGUF's blocks, and the LM head runs
+as int8 (int8_head.py), so a quantized start converts every linear and the head: ~4-5 s of a 1B Q4_K_M
+file's start on 2 cores, most of its time to healthy. llama.cpp maps its file and starts in 1-2 s. Here
+the converted tensors of a file are saved once under `<model home>/converted/`, and later starts map
+them (copy-on-write, so nothing can write to the file; pages are read as the kernels touch them, and
+stay the kernel's to drop, as a mapped GGUF's are).
+
+A group (the tiles, the int8 head) lives in its own folder named by the GGUF's content identity (the
+SHA-256 of the whole file) and by `LAYOUT`, a digest of the source that writes the converted bytes: a
+change to that code makes a new name, never a stale read. A folder is written under a temporary name
+and renamed into place whole; `index.json` lists each tensor's dtype, shape and offset in `data.bin`,
+whose size is checked before it is used, and the GGUF it came from. A folder that cannot be written (no
+space, read-only home) costs the start nothing but the conversion it would have done anyway. Each save
+removes the folders whose GGUF is gone or changed size (a deleted download, a test's temporary file)
+and this file's folders of other layouts.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+ALIGN = 4096  # each tensor's offset in data.bin: page-aligned, as a kernel's vector loads like
+_DTYPES = {str(d): d for d in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                                torch.bfloat16, torch.float32)}
+_SOURCES = ("quant/blocks.py", "quant/int_dot.py", "quant/int8_head.py", "gguf_loader.py", "quant/converted_cache.py")
+
+
+def _layout() -> str:
+    root = Path(__file__).resolve().parents[1]  # kvstrata/model
+    h = hashlib.sha256()
+    for rel in _SOURCES:
+        h.update((root / rel).read_bytes())
+    return h.hexdigest()[:12]
+
+
+LAYOUT = _layout()
+
+
+class ConvertedCache:
+    def __init__(self, root: Path, identity: str, source: Path) -> None:
+        self.root, self.identity, self.source = Path(root), identity, Path(source).resolve()
+
+    def folder(self, group: str) -> Path:
+        return self.root / f"{self.identity}-{group}-{LAYOUT}"
+
+    def load(self, group: str) -> dict[str, torch.Tensor] | None:
+        """The group's tensors mapped from disk, or None where it was never written (or is damaged)."""
+        folder = self.folder(group)
+        try:
+            index = json.loads((folder / "index.json").read_text())
+            data = folder / "data.bin"
+            if data.stat().st_size != index["size"]:
+                raise ValueError(f"data.bin holds {data.stat().st_size} bytes, the index says {index['size']}")
+            raw = np.memmap(data, dtype=np.uint8, mode="c") if index["size"] else np.zeros(0, np.uint8)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                whole = torch.from_numpy(raw)
+            out = {}
+            for name, (dtype, shape, offset, nbytes) in index["tensors"].items():
+                out[name] = whole[offset:offset + nbytes].view(_DTYPES[dtype]).view(shape)
+            return out
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+            log.warning("event=converted_cache_unreadable folder=%s error=%s", folder, exc)
+            return None
+
+    def save(self, group: str, tensors: dict[str, torch.Tensor]) -> bool:
+        """Write the group whole (atomic rename); False, logged, where it cannot. Folders of this file's group
+        written by other layouts go."""
+        folder = self.folder(group)
+        if folder.exists():
+            return True
+        tmp: Path | None = None
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root))
+            entries, offset = {}, 0
+            with open(tmp / "data.bin", "wb") as f:
+                for name, t in tensors.items():
+                    t = t.detach().contiguous().cpu()
+                    nbytes = t.numel() * t.element_size()
+                    f.seek(offset)
+                    if nbytes:
+                        f.write(memoryview(t.view(-1).view(torch.uint8).numpy()))  # no copy of the tensor
+                    entries[name] = (str(t.dtype), list(t.shape), offset, nbytes)
+                    offset = -(-(offset + nbytes) // ALIGN) * ALIGN
+                f.truncate(offset)
+                f.flush()
+                os.fsync(f.fileno())
+            source = {"path": str(self.source), "size": self.source.stat().st_size}
+            (tmp / "index.json").write_text(json.dumps({"size": offset, "tensors": entries, "source": source}))
+            os.rename(tmp, folder)
+            tmp = None
+        except OSError as exc:
+            if folder.exists():  # another process wrote it first
+                return True
+            log.warning("event=converted_cache_not_written folder=%s error=%s", folder, exc)
+            return False
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+        self._prune(group, folder)
+        return True
+
+    def _prune(self, group: str, keep: Path) -> None:
+        for old in self.root.glob(f"{self.identity}-{group}-*"):
+            if old != keep:
+                shutil.rmtree(old, ignore_errors=True)
+        for other in self.root.iterdir():
+            if other.name.startswith(".") or not other.is_dir():
+                continue
+            try:
+                source = json.loads((other / "index.json").read_text())["source"]
+                orphan = Path(source["path"]).stat().st_size != source["size"]
+            except FileNotFoundError:
+                orphan = True  # its GGUF is gone (or the folder was never finished)
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if orphan:
+                shutil.rmtree(other, ignore_errors=True)
+
+    def get_or_build(self, group: str, build: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        kept = self.load(group)
+        if kept is not None:
+            return kept
+        built = build()
+        self.save(group, built)
+        return built
