@@ -254,7 +254,7 @@ class ServerConfig:
         "dummy prompt tokens the engine runs in one step (plus one decode step) before the server says it is "
         "ready, so the first request pays no first-use costs (page faults, kernels at that size), as vLLM's "
         "start-up profile run; default = --max-num-batched-tokens, cut for large models to ~2.7e11 multiply-adds "
-        "(SmolLM2: 2048 tokens, a 1B model: ~280) and to 64 where prefill runs on the integer kernels, 0 = off",
+        "(SmolLM2: 2048 tokens, a 1B model: ~280) and to 16 where prefill runs on the integer kernels, 0 = off",
         min=0,
     )
 

@@ -23,6 +23,9 @@ from kvstrata.engine.scheduler import ScheduledBatch
 from kvstrata.engine.warmup import fake_request, zero_pages
 
 SHORT, LONG = 16, 1024  # the two contexts (tokens) the steps are timed over
+# a 1-row step slower than this (a 7-8B model on 2 cores: ~0.5 s) is timed once per shape, with no untimed
+# step per shape: its noise is small beside it, and 3 + 1 steps of each shape took ~10 s of such a start
+SLOW_STEP_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,8 @@ FALLBACK = StepCost(base=1.0, per_row=1.0, per_token=0.0)
 
 def measure_step_cost(runner: ModelRunner, rows: int, max_context: int, vocab_size: int, repeats: int = 3) -> StepCost:
     """Time steps of 1 and `rows` rows after SHORT tokens and of `rows` rows after min(LONG, max_context)
-    tokens (median of `repeats`, after one untimed step of each shape); FALLBACK where they do not fit."""
+    tokens (median of `repeats`, after one untimed step of each shape; where the first 1-row step took over
+    SLOW_STEP_S, one timed step of each shape after it); FALLBACK where they do not fit."""
     pool = runner.pool
     ps = pool.page_size
     long = min(LONG, max_context - rows)
@@ -55,19 +59,23 @@ def measure_step_cost(runner: ModelRunner, rows: int, max_context: int, vocab_si
     ids = [rng.randrange(vocab_size) for _ in range(long + rows)]
     try:
         with torch.inference_mode():
-            def timed(context: int, r: int) -> float:
-                """The context's next token and r - 1 drafted ones, as a verify step runs them."""
+            def timed(context: int, r: int, n: int, untimed: int) -> float:
+                """The context's next token and r - 1 drafted ones, as a verify step runs them: the median of
+                `n` steps after `untimed` more."""
                 batch = ScheduledBatch([fake_request(ids[: context + 1], context, pages)], [r],
                                        {0: ids[context + 1 : context + r]} if r > 1 else {})
                 samples = []
-                for _ in range(repeats + 1):
+                for _ in range(n + untimed):
                     t = time.perf_counter()
                     input_ids, positions, meta, logit_rows = runner.prepare(batch)
                     runner.model.forward(input_ids, positions, meta, pool.k, pool.v, logit_rows)
                     samples.append(time.perf_counter() - t)
-                return statistics.median(samples[1:])
+                return statistics.median(samples[untimed:])
 
-            one, short, wide = timed(SHORT, 1), timed(SHORT, rows), timed(long, rows)
+            first = timed(SHORT, 1, 1, 0)  # also the untimed step of the first shape
+            n, untimed = (1, 0) if first > SLOW_STEP_S else (repeats, 1)
+            one = timed(SHORT, 1, n, 0)
+            short, wide = timed(SHORT, rows, n, untimed), timed(long, rows, n, untimed)
             zero_pages(pool, pages)
     finally:
         pool.free(pages)

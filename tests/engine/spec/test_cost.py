@@ -3,6 +3,9 @@ prefill, the pool left as it was, a fallback where the pool has no room."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from kvstrata.engine.llm import LLM
 from kvstrata.engine.spec.cost import FALLBACK, LONG, measure_step_cost
@@ -32,3 +35,27 @@ def test_the_engine_times_it_before_its_first_drafts(tiny_model_dir: Path) -> No
     assert not llm.engine.spec.measured
     llm.generate([[5, 6, 7] * 10], None)
     assert llm.engine.spec.measured and llm.engine.spec.cost != FALLBACK
+
+
+def test_a_slow_model_is_timed_once_a_shape(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1-row step over SLOW_STEP_S (an 8B model's ~0.5 s) is timed once per shape after one first step:
+    4 steps, not 3 x (repeats + 1), which took ~10 s of an 8B start."""
+    from kvstrata.engine.spec import cost
+
+    eng = LLM(str(tiny_model_dir), dtype="float32", max_total_tokens=2048, speculative="off").engine
+    steps = 0
+    forward = eng.runner.model.forward
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal steps
+        steps += 1
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(eng.runner.model, "forward", counted)
+    vocab = eng.info.arch.vocab_size
+    assert measure_step_cost(eng.runner, rows=8, max_context=4096, vocab_size=vocab, repeats=3) != FALLBACK
+    assert steps == 1 + 3 + 4 + 4  # the first step, then each shape's repeats (and one untimed for two of them)
+    steps = 0
+    monkeypatch.setattr(cost, "SLOW_STEP_S", 0.0)
+    c = measure_step_cost(eng.runner, rows=8, max_context=4096, vocab_size=vocab, repeats=3)
+    assert c != FALLBACK and steps == 4
