@@ -13,8 +13,8 @@ change to that code makes a new name, never a stale read. A folder is written un
 and renamed into place whole; `index.json` lists each tensor's dtype, shape and offset in `data.bin`,
 whose size is checked before it is used, and the GGUF it came from. A folder that cannot be written (no
 space, read-only home) costs the start nothing but the conversion it would have done anyway. Each save
-removes the folders whose GGUF is gone or changed size (a deleted download, a test's temporary file)
-and this file's folders of other layouts.
+removes the folders whose GGUF is gone or changed size (a deleted download, a test's temporary file),
+this file's folders of other layouts, and temporary folders an hour old (a write that died).
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -33,7 +34,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-ALIGN = 4096  # each tensor's offset in data.bin: page-aligned, as a kernel's vector loads like
+ALIGN = 4096  # each tensor's offset in data.bin: page-aligned (vector loads like aligned rows)
+STALE_TMP_S = 3600.0  # a temporary folder this old is a write that died (a live one takes seconds)
 _DTYPES = {str(d): d for d in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
                                 torch.bfloat16, torch.float32)}
 _SOURCES = ("quant/blocks.py", "quant/int_dot.py", "quant/int8_head.py", "gguf_loader.py", "quant/converted_cache.py")
@@ -122,6 +124,8 @@ class ConvertedCache:
             if old != keep:
                 shutil.rmtree(old, ignore_errors=True)
         for other in self.root.iterdir():
+            if other.name.startswith(".tmp-") and time.time() - other.stat().st_mtime > STALE_TMP_S:
+                shutil.rmtree(other, ignore_errors=True)  # a write that died half-way
             if other.name.startswith(".") or not other.is_dir():
                 continue
             try:

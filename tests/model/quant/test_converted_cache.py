@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -77,8 +79,13 @@ def test_folders_of_deleted_or_changed_ggufs_go(tmp_path: Path) -> None:
     ConvertedCache(root, "b-4-2", b).save("tiles", tensors())
     a.unlink()  # deleted
     b.write_bytes(b"GGUF, rewritten")  # another file now
+    dead = root / ".tmp-dead"  # a write that died an hour ago
+    dead.mkdir()
+    os.utime(dead, (time.time() - 7200, time.time() - 7200))
+    live = root / ".tmp-live"  # another process writing now
+    live.mkdir()
     ConvertedCache(root, "c-4-3", c).save("tiles", tensors())
-    assert sorted(p.name.split("-")[0] for p in root.iterdir()) == ["c"]
+    assert sorted(p.name.split("-")[0] for p in root.iterdir()) == [".tmp", "c"] and live.exists()
     index = json.loads((ConvertedCache(root, "c-4-3", c).folder("tiles") / "index.json").read_text())
     assert index["source"] == {"path": str(c.resolve()), "size": 4}
 
