@@ -72,7 +72,7 @@ def read_gguf_header(path: str | Path, load_arrays: Collection[str] = ()) -> GGU
     st = path.stat()  # FileNotFoundError as open() would raise it
     key = (path.resolve(), st.st_size, st.st_mtime_ns, st.st_ino, tuple(sorted(load_arrays)))
     kept = _kept.get(key)
-    if kept is not None and kept.file_size == st.st_size and _header_sha(path, kept.data_offset) == kept.header_sha256:
+    if kept is not None and _header_sha(path, kept.data_offset) == kept.header_sha256:  # the key has the size
         return kept
     header = _read(key[0], load_arrays)
     _kept[key] = header

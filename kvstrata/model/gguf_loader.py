@@ -117,7 +117,8 @@ def load_gguf(path: Path, dtype: torch.dtype = torch.float32, quant: str | None 
             rows.cache = cache
         if cached is None and out.tiles:
             cache.save("tiles", out.tiles)
-    logger.info("event=gguf_tiles source=%s tensors=%d", "converted" if cached is None else "cache", len(out.tiles))
+    if quant == "int_dot":
+        logger.info("event=gguf_tiles source=%s tensors=%d", "converted" if cached is None else "cache", len(out.tiles))
     return out
 
 
