@@ -324,8 +324,9 @@ class Engine:
             c = self.spec.cost = measure_step_cost(self.runner, rows, self.info.max_model_len, self.info.arch.vocab_size)
             self.spec.measured = True
             log.info("speculative decoding: %s, up to %d drafted tokens a request; a step here costs %.1f ms + %.2f ms a "
-                     "row + %.2f ms a row per 1k tokens of its context", self.spec.mode, self.sched_cfg.num_speculative_tokens,
-                     c.base * 1e3, c.per_row * 1e3, c.per_token * 1e6)
+                     "row + %.2f ms a request per 1k tokens of its context (+ %.2f for each further row)", self.spec.mode,
+                     self.sched_cfg.num_speculative_tokens, c.base * 1e3, c.per_row * 1e3, c.per_token * 1e6,
+                     c.per_token_extra * 1e6)
 
     def flush_cache(self) -> int:
         return self.scheduler.kv.reset_cache()

@@ -73,6 +73,51 @@ def test_thread_count_does_not_change_the_result() -> None:
     torch.testing.assert_close(one, two, atol=2e-6, rtol=1e-5)
 
 
+def verify_rows(q: torch.Tensor, pages: torch.Tensor, lens: list[int], rows: list[int]):
+    """Each row b of a case repeated rows[b] times, one token longer each time, on the same pages (as a
+    verify step lays out a request's last token and its drafts), with its own queries."""
+    g = torch.Generator().manual_seed(7)
+    out_lens, out_pages, out_q = [], [], []
+    for b, (n, r) in enumerate(zip(lens, rows)):
+        for i in range(r):
+            out_lens.append(n - r + 1 + i)
+            out_pages.append(pages[b])
+            out_q.append(torch.randn(q.shape[1:], generator=g).to(q.dtype))
+    return torch.stack(out_q), torch.stack(out_pages), torch.tensor(out_lens, dtype=torch.long)
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (32, 8, 64), (32, 4, 128), (16, 1, 32)])
+def test_a_requests_verify_rows_match_torch(heads: int, kv_heads: int, dim: int) -> None:
+    """Rows on one request's pages, each a token longer, are read as one group (up to 64 query rows an
+    item, so 16:1 GQA splits 8 rows into two groups); a short row beside them, and groups whose last
+    page is shared or not, each attend exactly their own tokens."""
+    q, k, v, pages, _ = case([700, 33, 2100, 16], heads, kv_heads, dim, torch.float32, seed=dim)
+    vq, vpages, vlens = verify_rows(q, pages, [700, 33, 2100, 16], [8, 1, 5, 3])
+    out = cpu_kernels.paged_decode(vq, k, v, vpages, vlens, PS)
+    torch.testing.assert_close(out, reference(vq, k, v, vpages, vlens), atol=2e-5, rtol=1e-4)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # one span per group: the group's rows end inside its one span
+        one = cpu_kernels.paged_decode(vq, k, v, vpages, vlens, PS)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(one, out, atol=2e-6, rtol=1e-5)
+
+
+def test_rows_on_other_pages_are_not_grouped() -> None:
+    """Rising lengths alone do not group rows: a row whose pages differ over the shorter row's length
+    reads its own pages."""
+    q, k, v, pages, _ = case([300, 301], 9, 3, 64, torch.float32, seed=11)
+    lens = torch.tensor([300, 301])
+    same = pages.clone()
+    same[1] = pages[0]
+    same[1, 300 // PS + 1 :] = 0
+    same[1, 300 // PS] = pages[1, 0]  # row 1 has row 0's pages but its last one, which differs
+    for table in (pages, same):
+        out = cpu_kernels.paged_decode(q, k, v, table, lens, PS)
+        torch.testing.assert_close(out, reference(q, k, v, table, lens), atol=2e-5, rtol=1e-4)
+
+
 def test_bad_inputs_raise_instead_of_reading_out_of_bounds() -> None:
     q, k, v, pages, lt = case([40], 9, 3, 64, torch.float32)
     too_long = torch.tensor([pages.shape[1] * PS + 1])

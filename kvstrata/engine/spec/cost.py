@@ -1,11 +1,14 @@
 """What a step's rows cost, measured on this machine: the price a drafted token must beat.
 
 A decode step reads every weight whatever its row count, so the first row pays for the reads and each
-further row for its arithmetic and for reading its own context's K/V:
-    step(rows) ~ base + sum over rows of (per_row + per_token * context_of_the_row)
-The three figures depend on the CPU (AVX2 multiplies byte pairs, VNNI four at a time; bf16 is fast
-only with avx512_bf16), the model's width, quant type and KV layout, so they are timed here, not
-assumed: steps of 1 and R rows over a short context, and of R rows over a long one, a few times each.
+further row for its arithmetic; each request's first row also reads its context's K/V, and each further
+row of that request (a drafted token) scores the same K/V again (the CPU kernel reads it once for all of
+a request's rows, csrc/paged_decode.cpp; other backends read it again):
+    step ~ base + sum over rows of per_row + sum over requests of context * (per_token + per_token_extra * (rows - 1))
+The four figures depend on the CPU (AVX2 multiplies byte pairs, VNNI four at a time; bf16 is fast
+only with avx512_bf16), the model's width, quant type, KV layout and attention backend, so they are timed
+here, not assumed: steps of 1 and R rows of one request over a short context and over a long one, a few
+times each.
 The contexts are pages straight from the pool whose K/V is never computed (their zeros cost the same
 to read: no prefill runs), given back zeroed, like the warm-up's dummy steps.
 """
@@ -30,23 +33,28 @@ SLOW_STEP_S = 0.1
 
 @dataclass(frozen=True)
 class StepCost:
-    """A step's time model, in seconds: base + sum over rows of (per_row + per_token * context)."""
+    """A step's time model, in seconds (the module's formula)."""
 
     base: float
     per_row: float
-    per_token: float
+    per_token: float  # a request's first row, a token of its context
+    per_token_extra: float  # each further row of the request, a token of its context
 
     def row(self, context: int) -> float:
+        """A request's first row over `context` tokens."""
         return self.per_row + self.per_token * context
+
+    def extra_row(self, context: int) -> float:
+        """One more row of a request (a drafted token) over `context` tokens."""
+        return self.per_row + self.per_token_extra * context
 
 
 # where the pool cannot hold the timing steps: one more row costs half a 1-row step (drafts need p > 0.5)
-FALLBACK = StepCost(base=1.0, per_row=1.0, per_token=0.0)
+FALLBACK = StepCost(base=1.0, per_row=1.0, per_token=0.0, per_token_extra=0.0)
 
 
 def measure_step_cost(runner: ModelRunner, rows: int, max_context: int, vocab_size: int, repeats: int = 3) -> StepCost:
-    """Time steps of 1 and `rows` rows after SHORT tokens and of `rows` rows after min(LONG, max_context)
-    tokens (median of `repeats`, after one untimed step of each shape; where the first 1-row step took over
+    """Time steps of 1 and `rows` rows after SHORT tokens and after min(LONG, max_context) tokens (median of `repeats`, after one untimed step of each shape; where the first 1-row step took over
     SLOW_STEP_S, one timed step of each shape after it); FALLBACK where they do not fit."""
     pool = runner.pool
     ps = pool.page_size
@@ -75,10 +83,13 @@ def measure_step_cost(runner: ModelRunner, rows: int, max_context: int, vocab_si
             first = timed(SHORT, 1, 1, 0)  # also the untimed step of the first shape
             n, untimed = (1, 0) if first > SLOW_STEP_S else (repeats, 1)
             one = timed(SHORT, 1, n, 0)
+            one_long = timed(long, 1, n, untimed)
             short, wide = timed(SHORT, rows, n, untimed), timed(long, rows, n, untimed)
             zero_pages(pool, pages)
     finally:
         pool.free(pages)
-    per_token = max(0.0, (wide - short) / (rows * (long - SHORT)))
-    per_row = max(1e-9, (short - one) / (rows - 1) - per_token * SHORT)
-    return StepCost(base=max(0.0, one - per_row - per_token * SHORT), per_row=per_row, per_token=per_token)
+    per_token = max(0.0, (one_long - one) / (long - SHORT))
+    per_token_extra = max(0.0, ((wide - short) - (one_long - one)) / ((rows - 1) * (long - SHORT)))
+    per_row = max(1e-9, (short - one) / (rows - 1) - per_token_extra * SHORT)
+    return StepCost(base=max(0.0, one - per_row - per_token * SHORT), per_row=per_row, per_token=per_token,
+                    per_token_extra=per_token_extra)

@@ -55,7 +55,7 @@ class Speculator:
         (the draft's own estimate times the request's observed acceptance, per position) adds p tokens
         to the step and a row over its context to its time (`StepCost`, timed on this machine), so it
         joins while p / its row's time > the step's expected tokens / its time, best first, within
-        `spec_max_step_rows` rows. A long context makes a row dear: its K/V is read once a row."""
+        `spec_max_step_rows` rows. A long context makes a row dearer: it is scored once a row."""
         rows = sum(batch.num_tokens)
         room = budget if self.max_step_rows is None else min(budget, self.max_step_rows - rows)
         if room <= 0:
@@ -66,7 +66,8 @@ class Speculator:
         step_time, expected = cost.base, 0.0
         for i, req in enumerate(batch.requests):
             n = batch.num_tokens[i]
-            step_time += n * cost.row(req.num_computed_tokens + n)
+            context = req.num_computed_tokens + n
+            step_time += cost.row(context) + (n - 1) * cost.extra_row(context)
             expected += batch.samples(i)
             if n != 1 or not batch.samples(i):
                 continue
@@ -82,7 +83,7 @@ class Speculator:
                 chances = drafter.stats.accept_chances(len(tokens))
                 for j, p in enumerate(d.probs[: len(tokens)]):
                     gain = p * chances[j]
-                    offers.append((gain / cost.row(req.num_tokens + j + 1), gain, i, j))
+                    offers.append((gain / cost.extra_row(req.num_tokens + j + 1), gain, i, j))
         take: dict[int, int] = {}
         for rate, gain, i, j in sorted(offers, key=lambda o: -o[0]):
             if room <= 0 or (self.max_step_rows is not None and rate <= expected / step_time):

@@ -6,6 +6,9 @@
 // G query heads that share the KV head, an online softmax per block of tokens, and the weighted
 // sum of V, all in float32 registers. Long contexts are split into spans so that both cores work
 // on a batch of one; spans are merged by their log-sum-exp (as flash-decoding does).
+// A verify step (engine/spec/) gives one request several rows, each one token further over the same
+// pages: such rows form a group, and an item scores all the group's query rows against each K/V row
+// it loads, so the request's context is read once a step, not once a row.
 //
 // Registered as torch.ops.kvstrata.paged_decode (no pybind, no Python.h): built and loaded by
 // kvstrata/model/cpu_kernels.py with -O3 -march=native, cached per source, torch and CPU.
@@ -33,6 +36,7 @@ using kvstrata::exp_nonpositive;
 
 constexpr int kBlock = 32;   // tokens scored before one softmax rescale
 constexpr int kMaxGroup = 16;  // query heads per KV head
+constexpr int kMaxQueries = 64;  // query rows one item scores: a row group's rows x the query heads of a KV head
 constexpr int64_t kMaxSplits = 64;  // spans per (row, KV head): the merge keeps their weights on the stack
 
 template <typename T>
@@ -119,46 +123,74 @@ inline void block_accumulate(const float* p, const float (*rows)[D], int n, floa
 }
 #endif
 
-struct Partial {  // one span's unnormalised result: acc = sum p * v, l = sum p, m = max score
-  float* acc;  // [G, D]
-  float* m;    // [G]
-  float* l;    // [G]
+struct Partial {  // one span's unnormalised result per query row: acc = sum p * v, l = sum p, m = max score
+  float* acc[kMaxQueries];  // [D] each
+  float* m[kMaxQueries];
+  float* l[kMaxQueries];
 };
 
+// Q query rows (qf: [Q, D], scaled) over tokens [begin, end) of one KV head; query q sees the tokens
+// before limit[q] (its row's length), so a group's shorter rows skip the tail they must not see.
 template <typename scalar_t, int D>
-void attend_span(const float* qf, int G, const scalar_t* k, const scalar_t* v, int64_t hkv_stride,
-                 const int64_t* pages, int64_t page_size, int64_t begin, int64_t end, Partial out) {
-  // a block's K (then V) rows as floats, and the G x block scores
+void attend_span(const float* qf, int Q, const int64_t* limit, const scalar_t* k, const scalar_t* v,
+                 int64_t hkv_stride, const int64_t* pages, int64_t page_size, int64_t begin, int64_t end,
+                 const Partial& out) {
+  // a block's K (then V) rows as floats, and the Q x block scores
   alignas(64) float rows[kBlock][D];
-  alignas(64) float s[kMaxGroup][kBlock];
-  for (int g = 0; g < G; ++g) {
-    out.m[g] = -std::numeric_limits<float>::infinity();
-    out.l[g] = 0.f;
-    for (int d = 0; d < D; ++d) out.acc[g * D + d] = 0.f;
+  alignas(64) float s[kMaxQueries][kBlock];
+  int live[kMaxQueries];  // tokens of the block query q sees
+  for (int q = 0; q < Q; ++q) {
+    *out.m[q] = -std::numeric_limits<float>::infinity();
+    *out.l[q] = 0.f;
+    for (int d = 0; d < D; ++d) out.acc[q][d] = 0.f;
   }
   for (int64_t t0 = begin; t0 < end; t0 += kBlock) {
     const int n = static_cast<int>(std::min<int64_t>(kBlock, end - t0));
     for (int j = 0; j < n; ++j) load_row<scalar_t, D>(k, pages, page_size, hkv_stride, t0 + j, rows[j]);
-    for (int g = 0; g < G; ++g) block_scores<D>(qf + g * D, rows, n, s[g]);
-    for (int g = 0; g < G; ++g) {
-      float bm = out.m[g];
-      for (int j = 0; j < n; ++j) bm = std::max(bm, s[g][j]);
-      const float scale = std::exp(out.m[g] - bm);  // 0 on the first block (m = -inf)
-      out.m[g] = bm;
+    for (int q = 0; q < Q; ++q) {
+      live[q] = static_cast<int>(std::clamp<int64_t>(limit[q] - t0, 0, n));
+      if (live[q]) block_scores<D>(qf + q * D, rows, live[q], s[q]);
+    }
+    for (int q = 0; q < Q; ++q) {
+      const int nq = live[q];
+      if (!nq) continue;
+      float bm = *out.m[q];
+      for (int j = 0; j < nq; ++j) bm = std::max(bm, s[q][j]);
+      const float scale = std::exp(*out.m[q] - bm);  // 0 on the query's first block (m = -inf)
+      *out.m[q] = bm;
       float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-      for (int j = 0; j < n; ++j) {
-        s[g][j] = exp_nonpositive(s[g][j] - bm);
-        sum += s[g][j];
+      for (int j = 0; j < nq; ++j) {
+        s[q][j] = exp_nonpositive(s[q][j] - bm);
+        sum += s[q][j];
       }
-      out.l[g] = out.l[g] * scale + sum;
-      float* acc = out.acc + g * D;
+      *out.l[q] = *out.l[q] * scale + sum;
+      float* acc = out.acc[q];
 #pragma omp simd
       for (int d = 0; d < D; ++d) acc[d] *= scale;
     }
     for (int j = 0; j < n; ++j) load_row<scalar_t, D>(v, pages, page_size, hkv_stride, t0 + j, rows[j]);
-    for (int g = 0; g < G; ++g) block_accumulate<D>(s[g], rows, n, out.acc + g * D);
+    for (int q = 0; q < Q; ++q) {
+      if (live[q]) block_accumulate<D>(s[q], rows, live[q], out.acc[q]);
+    }
   }
+}
+
+// Consecutive rows that one item can serve together: each longer than the one before and on the same
+// pages over that one's length (a request's verify rows), at most max_rows of them. Returns the first
+// row of each group, then B. Pages equal over a row's length are the same tokens, so any rows that pass
+// may share, whoever's they are.
+std::vector<int64_t> row_groups(const int64_t* lens, const int64_t* pages, int64_t B, int64_t P, int64_t page_size,
+                                int64_t max_rows) {
+  std::vector<int64_t> starts{0};
+  for (int64_t b = 1; b < B; ++b) {
+    const int64_t used = (lens[b - 1] + page_size - 1) / page_size;
+    const bool joins = b - starts.back() < max_rows && lens[b] > lens[b - 1] &&
+                       std::equal(pages + (b - 1) * P, pages + (b - 1) * P + used, pages + b * P);
+    if (!joins) starts.push_back(b);
+  }
+  starts.push_back(B);
+  return starts;
 }
 
 template <typename scalar_t, int D>
@@ -170,33 +202,40 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
   const int64_t* pages_p = pages.data_ptr<int64_t>();
   int64_t max_len = 1;
   for (int64_t b = 0; b < B; ++b) max_len = std::max(max_len, lens_p[b]);  // checked by paged_decode
+  const std::vector<int64_t> groups = row_groups(lens_p, pages_p, B, P, page_size, kMaxQueries / G);
+  const int64_t num_groups = static_cast<int64_t>(groups.size()) - 1;
   // enough spans for every thread to have ~4 items, none shorter than 256 tokens
   const int64_t threads = at::get_num_threads();
-  const int64_t want = (4 * threads + B * Hkv - 1) / (B * Hkv);
+  const int64_t want = (4 * threads + num_groups * Hkv - 1) / (num_groups * Hkv);
   const int64_t splits = std::max<int64_t>(1, std::min<int64_t>({want, (max_len + 255) / 256, kMaxSplits}));
   const int64_t span = ((max_len + splits - 1) / splits + kBlock - 1) / kBlock * kBlock;
+  // per (row, KV head, span): G query rows' partial results, merged below
   std::vector<float> acc(B * Hkv * splits * G * D), ms(B * Hkv * splits * G), ls(B * Hkv * splits * G);
   const scalar_t* q_p = q.data_ptr<scalar_t>();
   const scalar_t* k_p = k_cache.data_ptr<scalar_t>();
   const scalar_t* v_p = v_cache.data_ptr<scalar_t>();
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  at::parallel_for(0, B * Hkv * splits, 1, [&](int64_t first, int64_t last) {
-    float qf[kMaxGroup * D];
+  at::parallel_for(0, num_groups * Hkv * splits, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> qf(kMaxQueries * D);
+    int64_t limit[kMaxQueries];
+    Partial part;
     for (int64_t item = first; item < last; ++item) {
-      const int64_t b = item / (Hkv * splits), h = (item / splits) % Hkv, sp = item % splits;
-      const int64_t begin = sp * span, end = std::min(lens_p[b], begin + span);
-      const int64_t base = item * G;
-      Partial part{acc.data() + base * D, ms.data() + base, ls.data() + base};
-      if (begin >= end) {  // a short row's empty span: weight 0 in the merge
-        for (int g = 0; g < G; ++g) {
-          part.m[g] = -std::numeric_limits<float>::infinity();
-          part.l[g] = 0.f;
-        }
-        continue;
+      const int64_t gi = item / (Hkv * splits), h = (item / splits) % Hkv, sp = item % splits;
+      const int64_t b0 = groups[gi], rows = groups[gi + 1] - b0, top = groups[gi + 1] - 1;  // top: the longest row
+      const int Q = static_cast<int>(rows * G);
+      for (int q = 0; q < Q; ++q) {
+        const int64_t b = b0 + q / G, base = ((b * Hkv + h) * splits + sp) * G + q % G;
+        part.acc[q] = acc.data() + base * D;
+        part.m[q] = ms.data() + base;
+        part.l[q] = ls.data() + base;
+        limit[q] = lens_p[b];
+        const scalar_t* qh = q_p + (b * H + h * G + q % G) * D;
+        for (int d = 0; d < D; ++d) qf[q * D + d] = to_float(qh[d]) * scale;
       }
-      const scalar_t* qh = q_p + (b * H + h * G) * D;
-      for (int i = 0; i < G * D; ++i) qf[i] = to_float(qh[i]) * scale;
-      attend_span<scalar_t, D>(qf, G, k_p + h * D, v_p + h * D, Hkv * D, pages_p + b * P, page_size, begin, end, part);
+      const int64_t begin = sp * span, end = std::min(lens_p[top], begin + span);
+      // an empty span (a short group's tail) leaves m = -inf, l = 0: weight 0 in the merge
+      attend_span<scalar_t, D>(qf.data(), Q, limit, k_p + h * D, v_p + h * D, Hkv * D, pages_p + top * P, page_size,
+                               begin, std::max(begin, end), part);
     }
   });
   scalar_t* o_p = out.data_ptr<scalar_t>();

@@ -15,8 +15,8 @@ def test_the_step_cost_is_timed_and_the_pool_left_clean(tiny_model_dir: Path) ->
     eng = LLM(str(tiny_model_dir), dtype="float32", max_total_tokens=2048, speculative="off").engine
     free = eng.pool.num_free
     c = measure_step_cost(eng.runner, rows=8, max_context=4096, vocab_size=eng.info.arch.vocab_size, repeats=2)
-    assert c != FALLBACK and c.base >= 0.0 and c.per_row > 0.0 and c.per_token >= 0.0
-    assert c.row(LONG) >= c.row(0)
+    assert c != FALLBACK and c.base >= 0.0 and c.per_row > 0.0 and c.per_token >= 0.0 and c.per_token_extra >= 0.0
+    assert c.row(LONG) >= c.row(0) and c.extra_row(LONG) >= c.extra_row(0)
     assert eng.pool.num_free == free
     assert all(float(k.abs().sum()) == 0.0 and float(v.abs().sum()) == 0.0 for k, v in zip(eng.pool.k, eng.pool.v))
 
@@ -54,8 +54,8 @@ def test_a_slow_model_is_timed_once_a_shape(tiny_model_dir: Path, monkeypatch: p
     monkeypatch.setattr(eng.runner.model, "forward", counted)
     vocab = eng.info.arch.vocab_size
     assert measure_step_cost(eng.runner, rows=8, max_context=4096, vocab_size=vocab, repeats=3) != FALLBACK
-    assert steps == 1 + 3 + 4 + 4  # the first step, then each shape's repeats (and one untimed for two of them)
+    assert steps == 1 + 3 + 4 + 4 + 4  # the first step, then each shape's repeats (and one untimed for three of them)
     steps = 0
     monkeypatch.setattr(cost, "SLOW_STEP_S", 0.0)
     c = measure_step_cost(eng.runner, rows=8, max_context=4096, vocab_size=vocab, repeats=3)
-    assert c != FALLBACK and steps == 4
+    assert c != FALLBACK and steps == 5

@@ -100,6 +100,40 @@ def test_only_accepted_tokens_reach_the_prefix_cache(tiny_model_dir: Path, refer
     assert out.token_ids == plain.token_ids
 
 
+@pytest.mark.parametrize("pays,joins", [(0.9, False), (1.1, True)])
+def test_auto_drafts_what_pays_for_its_row(tiny_model_dir: Path, pays: float, joins: bool) -> None:
+    """Under auto a drafted token joins the step when its expected tokens per unit of time (its further
+    row's, `StepCost.extra_row`) beat the step's: a first drafted token that brings 0.9x what the step
+    does stays out, one that brings 1.1x joins."""
+    from kvstrata.engine.spec.cost import StepCost
+
+    llm = make(tiny_model_dir, speculative="auto")
+    eng, spec = llm.engine, llm.engine.spec
+    prompt = repetitive_prompts(1, seed=3)[0]
+    spec.cost, spec.measured = StepCost(base=0.0, per_row=1.0, per_token=0.0, per_token_extra=1.0), True  # never pays
+    eng.add_request("r", prompt, SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True))
+    for _ in range(40):  # the random model's output loops: its own tokens give the drafter a match
+        eng.step()
+        assert spec.totals.drafted == 0
+        batch = eng.scheduler.schedule()
+        req = batch.requests[0]
+        drafter = spec._drafter(req)
+        d = drafter.propose()
+        if d.tokens:
+            break
+        eng.postprocess(batch, eng.runner.run(batch))
+    assert d.tokens, "no draft in 80 tokens"
+    gain = d.probs[0] * drafter.stats.accept_chances(1)[0]
+    # the request's row costs base + 1 + its context; the drafted row 1 + its context x per_token_extra
+    ctx = req.num_tokens + 1
+    extra = 1.0 + 1e-2 * ctx  # well above the first row's 1: the test fails if offers were priced as first rows
+    spec.cost = StepCost(base=pays * extra / gain - 1.0, per_row=1.0, per_token=0.0, per_token_extra=1e-2)
+    spec.draft(batch, eng.scheduler.kv, 100)
+    assert bool(batch.draft(0)) == joins
+    eng.postprocess(batch, eng.runner.run(batch))
+    eng.check_integrity()
+
+
 def test_a_tenants_outputs_draft_only_for_that_tenant(tiny_model_dir: Path) -> None:
     llm = make(tiny_model_dir, speculative="suffix")
     p = repetitive_prompts(1, seed=5)[0]
