@@ -54,8 +54,9 @@ FALLBACK = StepCost(base=1.0, per_row=1.0, per_token=0.0, per_token_extra=0.0)
 
 
 def measure_step_cost(runner: ModelRunner, rows: int, max_context: int, vocab_size: int, repeats: int = 3) -> StepCost:
-    """Time steps of 1 and `rows` rows after SHORT tokens and after min(LONG, max_context) tokens (median of `repeats`, after one untimed step of each shape; where the first 1-row step took over
-    SLOW_STEP_S, one timed step of each shape after it); FALLBACK where they do not fit."""
+    """Time steps of 1 and `rows` rows of one request after SHORT tokens and after min(LONG, max_context)
+    tokens (median of `repeats`, after one untimed step of each shape; where the first 1-row step took
+    over SLOW_STEP_S, one timed step of each shape after it); FALLBACK where they do not fit."""
     pool = runner.pool
     ps = pool.page_size
     long = min(LONG, max_context - rows)
