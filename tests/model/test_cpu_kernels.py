@@ -73,7 +73,8 @@ def test_thread_count_does_not_change_the_result() -> None:
     torch.testing.assert_close(one, two, atol=2e-6, rtol=1e-5)
 
 
-def verify_rows(q: torch.Tensor, pages: torch.Tensor, lens: list[int], rows: list[int]):
+def verify_rows(q: torch.Tensor, pages: torch.Tensor, lens: list[int],
+                rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each row b of a case repeated rows[b] times, one token longer each time, on the same pages (as a
     verify step lays out a request's last token and its drafts), with its own queries."""
     g = torch.Generator().manual_seed(7)
