@@ -12,14 +12,13 @@ arithmetic and cache reads, not a whole model's K/V streamed from memory.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, ".")
 from kvstrata.model import cpu_kernels  # noqa: E402
+from verify_rows import timed  # noqa: E402  (bench/, this script's folder: median ms after two untimed runs)
 
 PS = 16
 
@@ -32,13 +31,12 @@ def step_ms(ctx: int, rows: int, grouped: bool, heads: int = 9, kv_heads: int = 
     pages = torch.stack([torch.arange(npg) + (0 if grouped else r * npg) for r in range(rows)])
     lens = torch.arange(ctx + 1, ctx + rows + 1)
     q = torch.randn(rows, heads, dim)
-    ts = []
-    for _ in range(7):
-        t = time.perf_counter()
+
+    def step() -> None:
         for _ in range(layers):
             cpu_kernels.paged_decode(q, k, v, pages, lens, PS)
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts[2:]) * 1e3
+
+    return timed(step, 5)
 
 
 def main() -> None:
