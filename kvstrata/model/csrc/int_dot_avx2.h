@@ -17,53 +17,61 @@ constexpr int kPrefetch = 8;  // tiles ahead (prefetch_ahead)
 #define LOADU(p) _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
 #define HALVES(p) _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))
 
-// The tile kPrefetch tiles on, into L1, while this one is computed (on the first half's pass: the second
-// finds the column in L1). A tile column is contiguous and the next one follows it, so the hardware
-// prefetchers would find the stream too, but late: at one row a step the kernel waited on memory (a 1B
-// Q4_K_M decode step at batch 1 on the Zen 3 EPYC: 56.4 -> 50.9 ms, bench/step_profile.py --ab-act-bits).
+// The tile kPrefetch tiles on, into L1, while this one is computed (by passes that start at the first
+// half; where each half has its own pass, the second finds the column in L1 or L2). A tile column is
+// contiguous and the next one follows it, so the hardware prefetchers would find the stream too, but
+// late: at one row a step the kernel waited on memory (a 1B Q4_K_M decode step at batch 1 on the Zen 3
+// EPYC: 56.4 -> 50.9 ms, bench/step_profile.py --ab-act-bits).
 inline void prefetch_ahead(const uint8_t* wb, int64_t tile_bytes) {
   const uint8_t* p = wb + kPrefetch * tile_bytes;
   for (int64_t l = 0; l < tile_bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(p + l), _MM_HINT_T0);
 }
 
-// q4: out[r][8 h + i] for N <= 4 rows from r0 and half h (output rows 8h..8h+7) of one tile column
-// (W: wide, 16-bit activations; else 8-bit ones, whose hi bytes are 0 and skipped)
-template <int N, bool W>
-void q4_half(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, int h, float* out /* [N][16] */) {
+// q4: out[r][8 h + i] for N <= 4 rows from r0 and NH halves from h0 (half h: output rows 8h..8h+7) of
+// one tile column (W: wide, 16-bit activations; else 8-bit ones, whose hi bytes are 0 and skipped).
+// NH = 2 streams the column once; NH = 1 (a half a pass) is for passes whose accumulators would not fit.
+template <int N, bool W, int NH>
+void q4_half(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, int h0, float* out /* [N][16] */) {
   const int64_t nb = K / kGroup;
-  __m256 acc[N];
-  for (int r = 0; r < N; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 acc[N][NH];
+  for (int r = 0; r < N; ++r)
+    for (int h = 0; h < NH; ++h) acc[r][h] = _mm256_setzero_ps();
   const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (int64_t j = 0; j < nb; ++j) {
     const uint8_t* wb = w + j * kQ4.bytes();
-    if (h == 0) prefetch_ahead(wb, kQ4.bytes());
-    __m256i lo[4], hi[4];
+    if (h0 == 0) prefetch_ahead(wb, kQ4.bytes());
+    __m256i sh[N][NH], sl[N][NH];  // 16-bit pair sums
+    for (int r = 0; r < N; ++r)
+      for (int h = 0; h < NH; ++h) sh[r][h] = sl[r][h] = _mm256_setzero_si256();
     for (int v = 0; v < 4; ++v) {
-      const __m256i raw = LOADU(wb + 64 * v + 32 * h);
-      lo[v] = _mm256_and_si256(raw, mask);
-      hi[v] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
-    }
-    const __m256 sc = HALVES(wb + kLowBytes + 16 * h), bi = HALVES(wb + kLowBytes + 32 + 16 * h);
-    for (int r = 0; r < N; ++r) {
-      const int8_t* xh = a.hi.data() + (r0 + r) * K + j * kGroup;
-      const int8_t* xl = a.lo.data() + (r0 + r) * K + j * kGroup;
-      __m256i sh = _mm256_setzero_si256(), sl = _mm256_setzero_si256();  // 16-bit pair sums
-      for (int v = 0; v < 4; ++v) {
-        if constexpr (W) {
-          sh = _mm256_add_epi16(sh, _mm256_maddubs_epi16(lo[v], _mm256_set1_epi32(load4(xh + 4 * v))));
-          sh = _mm256_add_epi16(sh, _mm256_maddubs_epi16(hi[v], _mm256_set1_epi32(load4(xh + 16 + 4 * v))));
+      for (int h = 0; h < NH; ++h) {
+        const __m256i raw = LOADU(wb + 64 * v + 32 * (h0 + h));
+        const __m256i lo = _mm256_and_si256(raw, mask), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+        for (int r = 0; r < N; ++r) {
+          const int8_t* xl = a.lo.data() + (r0 + r) * K + j * kGroup;
+          if constexpr (W) {
+            const int8_t* xh = a.hi.data() + (r0 + r) * K + j * kGroup;
+            sh[r][h] = _mm256_add_epi16(sh[r][h], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load4(xh + 4 * v))));
+            sh[r][h] = _mm256_add_epi16(sh[r][h], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load4(xh + 16 + 4 * v))));
+          }
+          sl[r][h] = _mm256_add_epi16(sl[r][h], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load4(xl + 4 * v))));
+          sl[r][h] = _mm256_add_epi16(sl[r][h], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load4(xl + 16 + 4 * v))));
         }
-        sl = _mm256_add_epi16(sl, _mm256_maddubs_epi16(lo[v], _mm256_set1_epi32(load4(xl + 4 * v))));
-        sl = _mm256_add_epi16(sl, _mm256_maddubs_epi16(hi[v], _mm256_set1_epi32(load4(xl + 16 + 4 * v))));
       }
-      __m256i dot = _mm256_madd_epi16(sl, ones);
-      if constexpr (W) dot = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(sh, ones), 8), dot);
-      const float sx = a.scale[(r0 + r) * nb + j], xs = a.sum[(r0 + r) * nb + j];
-      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(sx)), _mm256_cvtepi32_ps(dot), acc[r]);
-      acc[r] = _mm256_fmadd_ps(bi, _mm256_set1_ps(xs), acc[r]);
+    }
+    for (int h = 0; h < NH; ++h) {
+      const __m256 sc = HALVES(wb + kLowBytes + 16 * (h0 + h)), bi = HALVES(wb + kLowBytes + 32 + 16 * (h0 + h));
+      for (int r = 0; r < N; ++r) {
+        __m256i dot = _mm256_madd_epi16(sl[r][h], ones);
+        if constexpr (W) dot = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(sh[r][h], ones), 8), dot);
+        const float sx = a.scale[(r0 + r) * nb + j], xs = a.sum[(r0 + r) * nb + j];
+        acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(sx)), _mm256_cvtepi32_ps(dot), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(bi, _mm256_set1_ps(xs), acc[r][h]);
+      }
     }
   }
-  for (int r = 0; r < N; ++r) _mm256_storeu_ps(out + r * kLanes + 8 * h, acc[r]);
+  for (int r = 0; r < N; ++r)
+    for (int h = 0; h < NH; ++h) _mm256_storeu_ps(out + r * kLanes + 8 * (h0 + h), acc[r][h]);
 }
 
 // H[v] of half h: the high bits of inputs 4v.. (bits 0-3) and 16 + 4v.. (bits 4-7)
@@ -82,25 +90,28 @@ inline __m256i high_vec(const uint8_t* hp, int v, int h) {
 
 inline __m256i pair_sums(__m256i s16) { return _mm256_madd_epi16(s16, _mm256_set1_epi16(1)); }
 
-// q5/q6/q8: out[r][8 h + i] for N <= 2 rows from r0, half h; F = the format's (high bits, groups)
-template <int HB, int G, int N, bool W>
-void hb_half(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, int h, float* out /* [N][16] */) {
+// q5/q6/q8: out[r][8 h + i] for N <= 2 rows from r0, NH halves from h0 (as q4_half); (HB, G) = the
+// format's (high bits, groups)
+template <int HB, int G, int N, bool W, int NH>
+void hb_half(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, int h0, float* out /* [N][16] */) {
   constexpr Format f{HB, G};
   const int64_t nb = K / kGroup;
-  __m256 acc[N];
-  for (int r = 0; r < N; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 acc[N][NH];
+  for (int r = 0; r < N; ++r)
+    for (int h = 0; h < NH; ++h) acc[r][h] = _mm256_setzero_ps();
   const __m256i m4 = _mm256_set1_epi8(0x0F), m4h = _mm256_set1_epi8(static_cast<char>(0xF0));
   for (int64_t j = 0; j < nb; ++j) {
     const uint8_t* wb = w + j * f.bytes();
-    if (h == 0) prefetch_ahead(wb, f.bytes());
+    if (h0 == 0) prefetch_ahead(wb, f.bytes());
     const uint8_t* sp = wb + kLowBytes + f.high_bytes();
-    __m256i dh[N][G], dl[N][G];  // 32-bit dots with the hi and lo activation bytes, per group
+    __m256i dh[N][NH][G], dl[N][NH][G];  // 32-bit dots with the hi and lo activation bytes, per group
     for (int r = 0; r < N; ++r)
-      for (int g = 0; g < G; ++g) dh[r][g] = dl[r][g] = _mm256_setzero_si256();
-    for (int v = 0; v < 4; ++v) {
-      const __m256i raw = LOADU(wb + 64 * v + 32 * h);
+      for (int h = 0; h < NH; ++h)
+        for (int g = 0; g < G; ++g) dh[r][h][g] = dl[r][h][g] = _mm256_setzero_si256();
+    for (int v = 0; v < 4; ++v) for (int h = 0; h < NH; ++h) {
+      const __m256i raw = LOADU(wb + 64 * v + 32 * (h0 + h));
       const __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-      const __m256i H = high_vec<HB>(wb + kLowBytes, v, h);
+      const __m256i H = high_vec<HB>(wb + kLowBytes, v, h0 + h);
       for (int r = 0; r < N; ++r) {
         const int8_t* xh = a.hi.data() + (r0 + r) * K + j * kGroup;
         const int8_t* xl = a.lo.data() + (r0 + r) * K + j * kGroup;
@@ -111,11 +122,11 @@ void hb_half(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, int 
           if constexpr (W) {
             const __m256i th = _mm256_add_epi16(_mm256_maddubs_epi16(qa, ha), _mm256_maddubs_epi16(qb, hb));
             const __m256i sh = _mm256_add_epi16(_mm256_maddubs_epi16(lo, ha), _mm256_maddubs_epi16(hi, hb));
-            dh[r][0] = _mm256_add_epi32(dh[r][0], _mm256_add_epi32(pair_sums(sh), _mm256_slli_epi32(pair_sums(th), 4)));
+            dh[r][h][0] = _mm256_add_epi32(dh[r][h][0], _mm256_add_epi32(pair_sums(sh), _mm256_slli_epi32(pair_sums(th), 4)));
           }
           const __m256i tl = _mm256_add_epi16(_mm256_maddubs_epi16(qa, la), _mm256_maddubs_epi16(qb, lb));
           const __m256i sl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, la), _mm256_maddubs_epi16(hi, lb));
-          dl[r][0] = _mm256_add_epi32(dl[r][0], _mm256_add_epi32(pair_sums(sl), _mm256_slli_epi32(pair_sums(tl), 4)));
+          dl[r][h][0] = _mm256_add_epi32(dl[r][h][0], _mm256_add_epi32(pair_sums(sl), _mm256_slli_epi32(pair_sums(tl), 4)));
         } else {  // q up to 63: one byte, one product pair <= 2 x 63 x 128
           const __m256i qa = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(H, m4), 4));
           const __m256i qb = _mm256_or_si256(hi, _mm256_and_si256(H, m4h));
@@ -123,58 +134,74 @@ void hb_half(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, int 
           if constexpr (W) {
             const __m256i pha = _mm256_maddubs_epi16(qa, ha), phb = _mm256_maddubs_epi16(qb, hb);
             if constexpr (G == 1) {
-              dh[r][0] = _mm256_add_epi32(dh[r][0], pair_sums(_mm256_add_epi16(pha, phb)));
+              dh[r][h][0] = _mm256_add_epi32(dh[r][h][0], pair_sums(_mm256_add_epi16(pha, phb)));
             } else {
-              dh[r][0] = _mm256_add_epi32(dh[r][0], pair_sums(pha));
-              dh[r][G - 1] = _mm256_add_epi32(dh[r][G - 1], pair_sums(phb));
+              dh[r][h][0] = _mm256_add_epi32(dh[r][h][0], pair_sums(pha));
+              dh[r][h][G - 1] = _mm256_add_epi32(dh[r][h][G - 1], pair_sums(phb));
             }
           }
           if constexpr (G == 1) {
-            dl[r][0] = _mm256_add_epi32(dl[r][0], pair_sums(_mm256_add_epi16(pla, plb)));
+            dl[r][h][0] = _mm256_add_epi32(dl[r][h][0], pair_sums(_mm256_add_epi16(pla, plb)));
           } else {
-            dl[r][0] = _mm256_add_epi32(dl[r][0], pair_sums(pla));
-            dl[r][G - 1] = _mm256_add_epi32(dl[r][G - 1], pair_sums(plb));
+            dl[r][h][0] = _mm256_add_epi32(dl[r][h][0], pair_sums(pla));
+            dl[r][h][G - 1] = _mm256_add_epi32(dl[r][h][G - 1], pair_sums(plb));
           }
         }
       }
     }
-    for (int r = 0; r < N; ++r) {
+    for (int r = 0; r < N; ++r) for (int h = 0; h < NH; ++h) {
       const int64_t at = (r0 + r) * nb + j;
       const __m256 sx = _mm256_set1_ps(a.scale[at]);
       for (int g = 0; g < G; ++g) {
-        const __m256i dot = W ? _mm256_add_epi32(_mm256_slli_epi32(dh[r][g], 8), dl[r][g]) : dl[r][g];
-        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(HALVES(sp + 32 * g + 16 * h), sx), _mm256_cvtepi32_ps(dot), acc[r]);
+        const __m256i dot = W ? _mm256_add_epi32(_mm256_slli_epi32(dh[r][h][g], 8), dl[r][h][g]) : dl[r][h][g];
+        acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(HALVES(sp + 32 * g + 16 * (h0 + h)), sx), _mm256_cvtepi32_ps(dot), acc[r][h]);
       }
       for (int g = 0; g < G; ++g) {
         const float xs = G == 1 ? a.sum[at] : a.sum16[2 * at + g];
-        acc[r] = _mm256_fmadd_ps(HALVES(sp + 32 * G + 32 * g + 16 * h), _mm256_set1_ps(xs), acc[r]);
+        acc[r][h] = _mm256_fmadd_ps(HALVES(sp + 32 * G + 32 * g + 16 * (h0 + h)), _mm256_set1_ps(xs), acc[r][h]);
       }
     }
   }
-  for (int r = 0; r < N; ++r) _mm256_storeu_ps(out + r * kLanes + 8 * h, acc[r]);
+  for (int r = 0; r < N; ++r)
+    for (int h = 0; h < NH; ++h) _mm256_storeu_ps(out + r * kLanes + 8 * (h0 + h), acc[r][h]);
 }
 
 // 16 ymm registers: passes of at most 4 rows (q4) or 2 (the others); a tile column's weights
 // (K/32 tiles of 320-576 bytes) stay in L1/L2 between the passes
+template <bool W, int NH, int H0>
+void avx2_pass(const Activations& a, int64_t r0, int n, int64_t K, const uint8_t* w, Format f, float* o) {
+  if (f.high_bits == 0) {
+    if (n == 4) q4_half<4, W, NH>(a, r0, K, w, H0, o);
+    else if (n == 3) q4_half<3, W, NH>(a, r0, K, w, H0, o);
+    else if (n == 2) q4_half<2, W, NH>(a, r0, K, w, H0, o);
+    else q4_half<1, W, NH>(a, r0, K, w, H0, o);
+  } else if (f.high_bits == 1) {
+    n == 2 ? hb_half<1, 1, 2, W, NH>(a, r0, K, w, H0, o) : hb_half<1, 1, 1, W, NH>(a, r0, K, w, H0, o);
+  } else if (f.high_bits == 2) {
+    n == 2 ? hb_half<2, 2, 2, W, NH>(a, r0, K, w, H0, o) : hb_half<2, 2, 1, W, NH>(a, r0, K, w, H0, o);
+  } else {
+    n == 2 ? hb_half<4, 1, 2, W, NH>(a, r0, K, w, H0, o) : hb_half<4, 1, 1, W, NH>(a, r0, K, w, H0, o);
+  }
+}
+
+// Passes of at most 4 rows (q4) or 2 (the others), each over both halves of every tile: the column streams
+// from memory once and the activations are broadcast once a pass (a 1B Q4_K_M shape's linears at one row
+// on the Zen 3 EPYC: 10.7-14.7 -> 11.9-16.8 GB/s, rows 1-4 gain up to 1.4x, rows 8 the same;
+// docs/cpu-kernels.md). With 16-bit activations the q5/q6/q8 passes of 2 rows would spill their 16
+// accumulators, so a batch of more than 2 rows takes each half in its own pass there (slower by 5-15%
+// with both).
 template <bool W>
 void avx2_tiles(const Activations& a, int64_t r0, int R, int64_t K, const uint8_t* w, Format f, float* out) {
+  const int step = f.high_bits == 0 ? 4 : 2;
+  if (!(W && f.high_bits != 0 && R > 2)) {
+    for (int r = 0; r < R; r += step) avx2_pass<W, 2, 0>(a, r0 + r, std::min(R - r, step), K, w, f, out + r * kLanes);
+    return;
+  }
   for (int h = 0; h < 2; ++h) {
-    for (int r = 0; r < R;) {
-      const int n = std::min(R - r, f.high_bits == 0 ? 4 : 2);
+    for (int r = 0; r < R; r += step) {
       float* o = out + r * kLanes;
-      if (f.high_bits == 0) {
-        if (n == 4) q4_half<4, W>(a, r0 + r, K, w, h, o);
-        else if (n == 3) q4_half<3, W>(a, r0 + r, K, w, h, o);
-        else if (n == 2) q4_half<2, W>(a, r0 + r, K, w, h, o);
-        else q4_half<1, W>(a, r0 + r, K, w, h, o);
-      } else if (f.high_bits == 1) {
-        n == 2 ? hb_half<1, 1, 2, W>(a, r0 + r, K, w, h, o) : hb_half<1, 1, 1, W>(a, r0 + r, K, w, h, o);
-      } else if (f.high_bits == 2) {
-        n == 2 ? hb_half<2, 2, 2, W>(a, r0 + r, K, w, h, o) : hb_half<2, 2, 1, W>(a, r0 + r, K, w, h, o);
-      } else {
-        n == 2 ? hb_half<4, 1, 2, W>(a, r0 + r, K, w, h, o) : hb_half<4, 1, 1, W>(a, r0 + r, K, w, h, o);
-      }
-      r += n;
+      h == 0 ? avx2_pass<W, 1, 0>(a, r0 + r, std::min(R - r, step), K, w, f, o)
+             : avx2_pass<W, 1, 1>(a, r0 + r, std::min(R - r, step), K, w, f, o);
     }
   }
 }
