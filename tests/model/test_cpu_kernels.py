@@ -73,6 +73,22 @@ def test_thread_count_does_not_change_the_result() -> None:
     torch.testing.assert_close(one, two, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (32, 8)])
+@pytest.mark.parametrize("lens", [[40], [1000], [5000], [40, 3000]])
+def test_items_over_head_sets_and_spans_match_torch(heads: int, kv_heads: int, lens: list[int]) -> None:
+    """An item takes a span of a row's tokens over a set of its KV heads: a short row alone is split
+    into sets of heads (1 to kv_heads per item, by the thread count), a long one into spans."""
+    q, k, v, pages, lt = case(lens, heads, kv_heads, 64, torch.float32, seed=len(lens) + lens[0])
+    want = reference(q, k, v, pages, lt)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 4):
+            torch.set_num_threads(threads)
+            torch.testing.assert_close(cpu_kernels.paged_decode(q, k, v, pages, lt, PS), want, atol=2e-5, rtol=1e-4)
+    finally:
+        torch.set_num_threads(before)
+
+
 def verify_rows(q: torch.Tensor, pages: torch.Tensor, lens: list[int],
                 rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each row b of a case repeated rows[b] times, one token longer each time, on the same pages (as a
