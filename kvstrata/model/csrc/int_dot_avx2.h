@@ -27,11 +27,12 @@ inline void prefetch_ahead(const uint8_t* wb, int64_t tile_bytes) {
   for (int64_t l = 0; l < tile_bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(p + l), _MM_HINT_T0);
 }
 
-// q4: out[r][8 h + i] for N <= 4 rows from r0 and NH halves from h0 (half h: output rows 8h..8h+7) of
-// one tile column (W: wide, 16-bit activations; else 8-bit ones, whose hi bytes are 0 and skipped).
-// NH = 2 streams the column once; NH = 1 (a half a pass) is for passes whose accumulators would not fit.
-template <int N, bool W, int NH>
-void q4_half(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, int h0, float* out /* [N][16] */) {
+// q4: out[r][i] for N <= 4 rows from r0 of one tile column, both halves of each tile (half h: output
+// rows 8h..8h+7) in one pass, so the column streams once (W: wide, 16-bit activations; else 8-bit ones,
+// whose hi bytes are 0 and skipped)
+template <int N, bool W>
+void q4_tiles(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, float* out /* [N][16] */) {
+  constexpr int NH = 2;
   const int64_t nb = K / kGroup;
   __m256 acc[N][NH];
   for (int r = 0; r < N; ++r)
@@ -39,13 +40,13 @@ void q4_half(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, int 
   const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (int64_t j = 0; j < nb; ++j) {
     const uint8_t* wb = w + j * kQ4.bytes();
-    if (h0 == 0) prefetch_ahead(wb, kQ4.bytes());
+    prefetch_ahead(wb, kQ4.bytes());
     __m256i sh[N][NH], sl[N][NH];  // 16-bit pair sums
     for (int r = 0; r < N; ++r)
       for (int h = 0; h < NH; ++h) sh[r][h] = sl[r][h] = _mm256_setzero_si256();
     for (int v = 0; v < 4; ++v) {
       for (int h = 0; h < NH; ++h) {
-        const __m256i raw = LOADU(wb + 64 * v + 32 * (h0 + h));
+        const __m256i raw = LOADU(wb + 64 * v + 32 * h);
         const __m256i lo = _mm256_and_si256(raw, mask), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
         for (int r = 0; r < N; ++r) {
           const int8_t* xl = a.lo.data() + (r0 + r) * K + j * kGroup;
@@ -60,7 +61,7 @@ void q4_half(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, int 
       }
     }
     for (int h = 0; h < NH; ++h) {
-      const __m256 sc = HALVES(wb + kLowBytes + 16 * (h0 + h)), bi = HALVES(wb + kLowBytes + 32 + 16 * (h0 + h));
+      const __m256 sc = HALVES(wb + kLowBytes + 16 * h), bi = HALVES(wb + kLowBytes + 32 + 16 * h);
       for (int r = 0; r < N; ++r) {
         __m256i dot = _mm256_madd_epi16(sl[r][h], ones);
         if constexpr (W) dot = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(sh[r][h], ones), 8), dot);
@@ -71,7 +72,7 @@ void q4_half(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, int 
     }
   }
   for (int r = 0; r < N; ++r)
-    for (int h = 0; h < NH; ++h) _mm256_storeu_ps(out + r * kLanes + 8 * (h0 + h), acc[r][h]);
+    for (int h = 0; h < NH; ++h) _mm256_storeu_ps(out + r * kLanes + 8 * h, acc[r][h]);
 }
 
 // H[v] of half h: the high bits of inputs 4v.. (bits 0-3) and 16 + 4v.. (bits 4-7)
@@ -90,7 +91,8 @@ inline __m256i high_vec(const uint8_t* hp, int v, int h) {
 
 inline __m256i pair_sums(__m256i s16) { return _mm256_madd_epi16(s16, _mm256_set1_epi16(1)); }
 
-// q5/q6/q8: out[r][8 h + i] for N <= 2 rows from r0, NH halves from h0 (as q4_half); (HB, G) = the
+// q5/q6/q8: out[r][8 h + i] for N <= 2 rows from r0, NH halves from h0 (NH = 2 streams the column
+// once; NH = 1, a half a pass, is for passes whose accumulators would not fit both); (HB, G) = the
 // format's (high bits, groups)
 template <int HB, int G, int N, bool W, int NH>
 void hb_half(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, int h0, float* out /* [N][16] */) {
@@ -168,14 +170,10 @@ void hb_half(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, int 
 
 // 16 ymm registers: passes of at most 4 rows (q4) or 2 (the others); a tile column's weights
 // (K/32 tiles of 320-576 bytes) stay in L1/L2 between the passes
+// q5/q6/q8: a pass of n <= 2 rows over NH halves from H0 (hb_half), by the format's high bits
 template <bool W, int NH, int H0>
-void avx2_pass(const Activations& a, int64_t r0, int n, int64_t K, const uint8_t* w, Format f, float* o) {
-  if (f.high_bits == 0) {
-    if (n == 4) q4_half<4, W, NH>(a, r0, K, w, H0, o);
-    else if (n == 3) q4_half<3, W, NH>(a, r0, K, w, H0, o);
-    else if (n == 2) q4_half<2, W, NH>(a, r0, K, w, H0, o);
-    else q4_half<1, W, NH>(a, r0, K, w, H0, o);
-  } else if (f.high_bits == 1) {
+void hb_pass(const Activations& a, int64_t r0, int n, int64_t K, const uint8_t* w, Format f, float* o) {
+  if (f.high_bits == 1) {
     n == 2 ? hb_half<1, 1, 2, W, NH>(a, r0, K, w, H0, o) : hb_half<1, 1, 1, W, NH>(a, r0, K, w, H0, o);
   } else if (f.high_bits == 2) {
     n == 2 ? hb_half<2, 2, 2, W, NH>(a, r0, K, w, H0, o) : hb_half<2, 2, 1, W, NH>(a, r0, K, w, H0, o);
@@ -192,16 +190,26 @@ void avx2_pass(const Activations& a, int64_t r0, int n, int64_t K, const uint8_t
 // with both).
 template <bool W>
 void avx2_tiles(const Activations& a, int64_t r0, int R, int64_t K, const uint8_t* w, Format f, float* out) {
-  const int step = f.high_bits == 0 ? 4 : 2;
-  if (!(W && f.high_bits != 0 && R > 2)) {
-    for (int r = 0; r < R; r += step) avx2_pass<W, 2, 0>(a, r0 + r, std::min(R - r, step), K, w, f, out + r * kLanes);
+  if (f.high_bits == 0) {
+    for (int r = 0; r < R; r += 4) {
+      const int n = std::min(R - r, 4);
+      float* o = out + r * kLanes;
+      if (n == 4) q4_tiles<4, W>(a, r0 + r, K, w, o);
+      else if (n == 3) q4_tiles<3, W>(a, r0 + r, K, w, o);
+      else if (n == 2) q4_tiles<2, W>(a, r0 + r, K, w, o);
+      else q4_tiles<1, W>(a, r0 + r, K, w, o);
+    }
+    return;
+  }
+  if (!W || R <= 2) {
+    for (int r = 0; r < R; r += 2) hb_pass<W, 2, 0>(a, r0 + r, std::min(R - r, 2), K, w, f, out + r * kLanes);
     return;
   }
   for (int h = 0; h < 2; ++h) {
-    for (int r = 0; r < R; r += step) {
+    for (int r = 0; r < R; r += 2) {
       float* o = out + r * kLanes;
-      h == 0 ? avx2_pass<W, 1, 0>(a, r0 + r, std::min(R - r, step), K, w, f, o)
-             : avx2_pass<W, 1, 1>(a, r0 + r, std::min(R - r, step), K, w, f, o);
+      h == 0 ? hb_pass<W, 1, 0>(a, r0 + r, std::min(R - r, 2), K, w, f, o)
+             : hb_pass<W, 1, 1>(a, r0 + r, std::min(R - r, 2), K, w, f, o);
     }
   }
 }
