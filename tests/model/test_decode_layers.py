@@ -62,7 +62,8 @@ def test_one_op_gives_the_python_loops_bits(tiny_model_dir: Path, dtype: torch.d
     model = _q4_model(tiny_model_dir, dtype, bias, MIXED if mixed else lambda name: "Q4_1")
     op = model.decode_layers
     assert op is not None and model.uses_int_dot
-    assert [p.shape[2] for p in model.layers[0].qkv.quant.parts] == ([320, 320, 576] if mixed else [320] * 3)
+    parts = [p.shape[2] for p in model.layers[0].qkv.quant.parts]
+    assert parts == ([320, 320, 544] if mixed else [320] * 3)  # v: Q8_0, symmetric (q8s)
     a = model.arch
     pool = PagePool(16, PS, a.num_layers, a.num_kv_heads, a.head_dim, dtype)
     pages = [[3, 1, 6, 9], [2, 7, 11, 4]]  # two sequences, pages out of order
@@ -131,7 +132,8 @@ def _real_shape_model(hidden: int, heads: int, kv_heads: int, dtype: torch.dtype
 def test_one_op_at_real_widths_and_gqa(hidden: int, heads: int, kv_heads: int) -> None:
     model = _real_shape_model(hidden, heads, kv_heads, torch.float32)
     op = model.decode_layers
-    assert op is not None and not model.dense_linears and [p.shape[2] for p in model.layers[0].qkv.quant.parts] == [320, 320, 512]
+    assert op is not None and not model.dense_linears
+    assert [p.shape[2] for p in model.layers[0].qkv.quant.parts] == [320, 320, 448]  # v: Q6_K, symmetric (q6s)
     a = model.arch
     pool = PagePool(16, PS, a.num_layers, a.num_kv_heads, a.head_dim, torch.float32)
     pages, n = [[3, 1, 6, 9, 2]], 13

@@ -27,20 +27,28 @@ inline void prefetch_ahead(const uint8_t* wb, int64_t tile_bytes) {
   for (int64_t l = 0; l < tile_bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(p + l), _MM_HINT_T0);
 }
 
+// A tile's 8 biases from `bias` (float16), or for a symmetric format (S) its scales `sc` times -zero
+template <bool S>
+inline __m256 biases(const uint8_t* bias, __m256 sc, Format f) {
+  if constexpr (S) return _mm256_mul_ps(sc, _mm256_set1_ps(-f.zero()));
+  else return HALVES(bias);
+}
+
 // q4: out[r][i] for N <= 4 rows from r0 of one tile column, both halves of each tile (half h: output
 // rows 8h..8h+7) in one pass, so the column streams once (W: wide, 16-bit activations; else 8-bit ones,
-// whose hi bytes are 0 and skipped)
-template <int N, bool W>
+// whose hi bytes are 0 and skipped; S: the symmetric format q4s)
+template <int N, bool W, bool S>
 void q4_tiles(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, float* out /* [N][16] */) {
   constexpr int NH = 2;
+  constexpr Format f = S ? kQ4s : kQ4;
   const int64_t nb = K / kGroup;
   __m256 acc[N][NH];
   for (int r = 0; r < N; ++r)
     for (int h = 0; h < NH; ++h) acc[r][h] = _mm256_setzero_ps();
   const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (int64_t j = 0; j < nb; ++j) {
-    const uint8_t* wb = w + j * kQ4.bytes();
-    prefetch_ahead(wb, kQ4.bytes());
+    const uint8_t* wb = w + j * f.bytes();
+    prefetch_ahead(wb, f.bytes());
     __m256i sh[N][NH], sl[N][NH];  // 16-bit pair sums
     for (int r = 0; r < N; ++r)
       for (int h = 0; h < NH; ++h) sh[r][h] = sl[r][h] = _mm256_setzero_si256();
@@ -61,7 +69,7 @@ void q4_tiles(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, flo
       }
     }
     for (int h = 0; h < NH; ++h) {
-      const __m256 sc = HALVES(wb + kLowBytes + 16 * h), bi = HALVES(wb + kLowBytes + 32 + 16 * h);
+      const __m256 sc = HALVES(wb + kLowBytes + 16 * h), bi = biases<S>(wb + kLowBytes + 32 + 16 * h, sc, f);
       for (int r = 0; r < N; ++r) {
         __m256i dot = _mm256_madd_epi16(sl[r][h], ones);
         if constexpr (W) dot = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(sh[r][h], ones), 8), dot);
@@ -92,11 +100,11 @@ inline __m256i high_vec(const uint8_t* hp, int v, int h) {
 inline __m256i pair_sums(__m256i s16) { return _mm256_madd_epi16(s16, _mm256_set1_epi16(1)); }
 
 // q5/q6/q8: out[r][8 h + i] for N <= 2 rows from r0, NH halves from h0 (NH = 2 streams the column
-// once; NH = 1, a half a pass, is for passes whose accumulators would not fit both); (HB, G) = the
-// format's (high bits, groups)
-template <int HB, int G, int N, bool W, int NH>
+// once; NH = 1, a half a pass, is for passes whose accumulators would not fit both); (HB, G, S) = the
+// format's (high bits, groups, symmetric)
+template <int HB, int G, bool S, int N, bool W, int NH>
 void hb_half(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, int h0, float* out /* [N][16] */) {
-  constexpr Format f{HB, G};
+  constexpr Format f{HB, G, S};
   const int64_t nb = K / kGroup;
   __m256 acc[N][NH];
   for (int r = 0; r < N; ++r)
@@ -160,7 +168,8 @@ void hb_half(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, int 
       }
       for (int g = 0; g < G; ++g) {
         const float xs = G == 1 ? a.sum[at] : a.sum16[2 * at + g];
-        acc[r][h] = _mm256_fmadd_ps(HALVES(sp + 32 * G + 32 * g + 16 * (h0 + h)), _mm256_set1_ps(xs), acc[r][h]);
+        const __m256 bi = biases<S>(sp + 32 * G + 32 * g + 16 * (h0 + h), HALVES(sp + 32 * g + 16 * (h0 + h)), f);
+        acc[r][h] = _mm256_fmadd_ps(bi, _mm256_set1_ps(xs), acc[r][h]);
       }
     }
   }
@@ -171,14 +180,32 @@ void hb_half(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, int 
 // 16 ymm registers: passes of at most 4 rows (q4) or 2 (the others); a tile column's weights
 // (K/32 tiles of 320-576 bytes) stay in L1/L2 between the passes
 // q5/q6/q8: a pass of n <= 2 rows over NH halves from H0 (hb_half), by the format's high bits
+template <bool S, bool W, int NH, int H0>
+void hb_pass_of(const Activations& a, int64_t r0, int n, int64_t K, const uint8_t* w, Format f, float* o) {
+  if (f.high_bits == 1) {
+    n == 2 ? hb_half<1, 1, S, 2, W, NH>(a, r0, K, w, H0, o) : hb_half<1, 1, S, 1, W, NH>(a, r0, K, w, H0, o);
+  } else if (f.high_bits == 2) {
+    n == 2 ? hb_half<2, 2, S, 2, W, NH>(a, r0, K, w, H0, o) : hb_half<2, 2, S, 1, W, NH>(a, r0, K, w, H0, o);
+  } else {
+    n == 2 ? hb_half<4, 1, S, 2, W, NH>(a, r0, K, w, H0, o) : hb_half<4, 1, S, 1, W, NH>(a, r0, K, w, H0, o);
+  }
+}
+
 template <bool W, int NH, int H0>
 void hb_pass(const Activations& a, int64_t r0, int n, int64_t K, const uint8_t* w, Format f, float* o) {
-  if (f.high_bits == 1) {
-    n == 2 ? hb_half<1, 1, 2, W, NH>(a, r0, K, w, H0, o) : hb_half<1, 1, 1, W, NH>(a, r0, K, w, H0, o);
-  } else if (f.high_bits == 2) {
-    n == 2 ? hb_half<2, 2, 2, W, NH>(a, r0, K, w, H0, o) : hb_half<2, 2, 1, W, NH>(a, r0, K, w, H0, o);
-  } else {
-    n == 2 ? hb_half<4, 1, 2, W, NH>(a, r0, K, w, H0, o) : hb_half<4, 1, 1, W, NH>(a, r0, K, w, H0, o);
+  f.symmetric ? hb_pass_of<true, W, NH, H0>(a, r0, n, K, w, f, o) : hb_pass_of<false, W, NH, H0>(a, r0, n, K, w, f, o);
+}
+
+// q4: passes of at most 4 rows (q4_tiles)
+template <bool W, bool S>
+void q4_passes(const Activations& a, int64_t r0, int R, int64_t K, const uint8_t* w, float* out) {
+  for (int r = 0; r < R; r += 4) {
+    const int n = std::min(R - r, 4);
+    float* o = out + r * kLanes;
+    if (n == 4) q4_tiles<4, W, S>(a, r0 + r, K, w, o);
+    else if (n == 3) q4_tiles<3, W, S>(a, r0 + r, K, w, o);
+    else if (n == 2) q4_tiles<2, W, S>(a, r0 + r, K, w, o);
+    else q4_tiles<1, W, S>(a, r0 + r, K, w, o);
   }
 }
 
@@ -191,14 +218,7 @@ void hb_pass(const Activations& a, int64_t r0, int n, int64_t K, const uint8_t* 
 template <bool W>
 void avx2_tiles(const Activations& a, int64_t r0, int R, int64_t K, const uint8_t* w, Format f, float* out) {
   if (f.high_bits == 0) {
-    for (int r = 0; r < R; r += 4) {
-      const int n = std::min(R - r, 4);
-      float* o = out + r * kLanes;
-      if (n == 4) q4_tiles<4, W>(a, r0 + r, K, w, o);
-      else if (n == 3) q4_tiles<3, W>(a, r0 + r, K, w, o);
-      else if (n == 2) q4_tiles<2, W>(a, r0 + r, K, w, o);
-      else q4_tiles<1, W>(a, r0 + r, K, w, o);
-    }
+    f.symmetric ? q4_passes<W, true>(a, r0, R, K, w, out) : q4_passes<W, false>(a, r0, R, K, w, out);
     return;
   }
   if (!W || R <= 2) {

@@ -3,10 +3,14 @@
 //
 // A weight is w = scale * q + bias per group, q unsigned (model/quant/blocks.py). It is held per block of
 // 16 output rows x 32 inputs (a "tile"), in one of four formats named by the bits of q:
-//   q4: low plane 256 B                 + 16 scales, 16 biases (float16)           = 320 B  (Q4_0, Q4_1, Q4_K)
-//   q5: low plane 256 B + high  64 B    + 16 scales, 16 biases                     = 384 B  (Q5_0, Q5_1, Q5_K)
-//   q6: low plane 256 B + high 128 B    + 2 x 16 scales, 2 x 16 biases (group 16)  = 512 B  (Q6_K)
-//   q8: low plane 256 B + high 256 B    + 16 scales, 16 biases                     = 576 B  (Q8_0)
+//   q4: low plane 256 B                 + 16 scales, 16 biases (float16)           = 320 B  (Q4_1, Q4_K)
+//   q5: low plane 256 B + high  64 B    + 16 scales, 16 biases                     = 384 B  (Q5_1, Q5_K)
+//   q6: low plane 256 B + high 128 B    + 2 x 16 scales, 2 x 16 biases (group 16)  = 512 B
+//   q8: low plane 256 B + high 256 B    + 16 scales, 16 biases                     = 576 B
+// A symmetric block type (bias = -zero * scale, zero = 2^(bits - 1): Q4_0, Q5_0, Q6_K, Q8_0) keeps no biases:
+// its format ("q4s" 288 B, "q5s" 352 B, "q6s" 448 B, "q8s" 544 B: the file's own bits a weight but for Q6_K's
+// 7.0 against 6.56) computes each bias as scale * -zero, exact in float32 (a power of two times a float16),
+// so the same float operations give the same bits as the stored bias would.
 // Low plane: four 64-byte vectors v; byte 4i + b of vector v holds q & 15 of row i at input 4v + b in its
 // low nibble and at input 16 + 4v + b in its high nibble, so one load and a mask or a shift feed 16 rows'
 // lanes (4 inputs a 32-bit lane). The high bits (q >> 4) take the same arrangement, H[v], packed:
@@ -16,6 +20,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cmath>
@@ -39,20 +44,32 @@ constexpr float kMax8 = 127;               // |x8| bound (8-bit activations: hi 
 struct Format {
   int high_bits;  // 0 (q4), 1 (q5), 2 (q6), 4 (q8)
   int groups;     // scale groups a tile's row holds: 1, or 2 (q6: 16 inputs each)
-  int64_t high_bytes() const { return 64 * high_bits; }
-  int64_t bytes() const { return kLowBytes + high_bytes() + 2 * 2 * kLanes * groups; }
+  bool symmetric = false;  // no stored biases: bias = -zero() * scale
+  constexpr int64_t high_bytes() const { return 64 * high_bits; }
+  constexpr int64_t scale_bytes() const { return 2 * kLanes * groups; }  // float16 scales (and as many biases, stored)
+  constexpr int64_t bytes() const { return kLowBytes + high_bytes() + (symmetric ? 1 : 2) * scale_bytes(); }
+  constexpr float zero() const { return static_cast<float>(8 << high_bits); }  // 2^(bits - 1): 8, 16, 32, 128
 };
 
 constexpr Format kQ4{0, 1}, kQ5{1, 1}, kQ6{2, 2}, kQ8{4, 1};
+constexpr Format kQ4s{0, 1, true}, kQ5s{1, 1, true}, kQ6s{2, 2, true}, kQ8s{4, 1, true};
 
 // The format of a packed tensor [N / 16, K / 32, bytes], by its tile size.
 inline Format format_of(const at::Tensor& packed) {
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 3,
               "packed: a contiguous uint8 [N / 16, K / 32, tile bytes] tensor");
-  for (const Format f : {kQ4, kQ5, kQ6, kQ8})
+  for (const Format f : {kQ4, kQ5, kQ6, kQ8, kQ4s, kQ5s, kQ6s, kQ8s})
     if (packed.size(2) == f.bytes()) return f;
-  TORCH_CHECK(false, "packed: tile bytes ", packed.size(2), " is none of 320 (q4), 384 (q5), 512 (q6), 576 (q8)");
+  TORCH_CHECK(false, "packed: tile bytes ", packed.size(2), " is none of 320 (q4), 384 (q5), 512 (q6), 576 (q8), "
+              "288 (q4s), 352 (q5s), 448 (q6s), 544 (q8s)");
   return kQ4;
+}
+
+// group g's scale and bias of row i in the tile at wb (portable code and the dequant op)
+inline void scale_bias(const uint8_t* wb, Format f, int g, int i, float& scale, float& bias) {
+  const c10::Half* sc = reinterpret_cast<const c10::Half*>(wb + kLowBytes + f.high_bytes());
+  scale = static_cast<float>(sc[kLanes * g + i]);
+  bias = f.symmetric ? scale * -f.zero() : static_cast<float>(sc[kLanes * (f.groups + g) + i]);
 }
 
 inline int32_t load4(const int8_t* p) {  // four activation bytes as one lane (memcpy: no aliasing through int32_t*)

@@ -63,13 +63,11 @@ void dequant_tile_row(const uint8_t* wb, Format f, int i, scalar_t* out) {
     qa = _mm_or_si128(qa, _mm_slli_epi16(_mm_and_si128(H, m4), 4));
     qb = _mm_or_si128(qb, _mm_and_si128(H, _mm_set1_epi8(static_cast<char>(0xF0))));
   }
-  const c10::Half* sc = reinterpret_cast<const c10::Half*>(wb + kLowBytes + f.high_bytes());
-  const int G = f.groups;
   const __m128i sides[2] = {qa, qb};
   for (int side = 0; side < 2; ++side) {
-    const int g = G == 2 ? side : 0;
-    const __m256 s = _mm256_set1_ps(static_cast<float>(sc[kLanes * g + i]));
-    const __m256 b = _mm256_set1_ps(static_cast<float>(sc[kLanes * (G + g) + i]));
+    float sg, bg;
+    scale_bias(wb, f, f.groups == 2 ? side : 0, i, sg, bg);
+    const __m256 s = _mm256_set1_ps(sg), b = _mm256_set1_ps(bg);
     const __m256 lo8 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sides[side]));
     const __m256 hi8 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sides[side], 8)));
     store8(out + 16 * side, _mm256_fmadd_ps(s, lo8, b));
@@ -89,12 +87,8 @@ void dequant_row(const uint8_t* base, Format f, int64_t K, int64_t n, scalar_t* 
     dequant_tile_row<scalar_t>(wb, f, i, out + j * kGroup);
     continue;
 #endif
-    const c10::Half* sc = reinterpret_cast<const c10::Half*>(wb + kLowBytes + f.high_bytes());
     float s[2], b[2];
-    for (int g = 0; g < f.groups; ++g) {
-      s[g] = static_cast<float>(sc[kLanes * g + i]);
-      b[g] = static_cast<float>(sc[kLanes * (f.groups + g) + i]);
-    }
+    for (int g = 0; g < f.groups; ++g) scale_bias(wb, f, g, i, s[g], b[g]);
     for (int t = 0; t < kGroup; ++t) {
       const int g = f.groups == 2 ? t / 16 : 0;
       out[j * kGroup + t] = static_cast<scalar_t>(std::fma(s[g], static_cast<float>(tile_q(wb, f, i, t)), b[g]));

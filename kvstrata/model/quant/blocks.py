@@ -13,7 +13,8 @@ Every block type the integer-dot kernels run (int_dot.py) has the same shape onc
 The unpacking follows the byte layouts of llama.cpp's ggml-quants (as the `gguf` package's
 `dequantize` reads them; tests/model/quant/test_blocks.py checks every type against it on random
 blocks). Scale and bias come back in float32 (exact: products of a float16 and an integer of at most
-8 bits); the kernels' packing holds them in float16.
+8 bits); the kernels' packing holds them in float16. The symmetric types (bias = -zero scale: Q4_0, Q5_0,
+Q8_0, Q6_K) say so in `zero`, and the packing then keeps no biases (int_dot.py).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ BLOCK_TYPES: dict[str, tuple[int, int, int, int]] = {
     "Q4_0": (32, 18, 4, 32), "Q4_1": (32, 20, 4, 32), "Q5_0": (32, 22, 5, 32), "Q5_1": (32, 24, 5, 32),
     "Q8_0": (32, 34, 8, 32), "Q4_K": (QK_K, 144, 4, 32), "Q5_K": (QK_K, 176, 5, 32), "Q6_K": (QK_K, 210, 6, 16),
 }
+SYMMETRIC = {"Q4_0": 8, "Q5_0": 16, "Q8_0": 128, "Q6_K": 32}  # type -> zero: bias = -zero * scale (2^(bits - 1))
 
 
 @dataclass
@@ -39,6 +41,7 @@ class IntWeight:
     bias: torch.Tensor  # [N, K / group] float32
     bits: int
     group: int
+    zero: int = 0  # > 0: bias == -zero * scale everywhere (a symmetric type; zero = 2^(bits - 1))
 
     def dequantize(self) -> torch.Tensor:  # [N, K] float32
         s = self.scale.repeat_interleave(self.group, dim=1)
@@ -47,7 +50,7 @@ class IntWeight:
 
     def rows(self, index: torch.Tensor) -> IntWeight:
         """The rows `index` (a permutation of output rows, e.g. llama.cpp's Q/K order undone)."""
-        return IntWeight(self.q[index], self.scale[index], self.bias[index], self.bits, self.group)
+        return IntWeight(self.q[index], self.scale[index], self.bias[index], self.bits, self.group, self.zero)
 
 
 def block_type(type_name: str, shape: tuple[int, ...]) -> tuple[int, int, int, int] | None:
@@ -69,7 +72,8 @@ def decode_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> In
     q, scale, bias = _DECODERS[type_name](b)
     return IntWeight(torch.from_numpy(np.ascontiguousarray(q.reshape(rows, K))),
                      torch.from_numpy(np.ascontiguousarray(scale.reshape(rows, K // group), dtype=np.float32)),
-                     torch.from_numpy(np.ascontiguousarray(bias.reshape(rows, K // group), dtype=np.float32)), bits, group)
+                     torch.from_numpy(np.ascontiguousarray(bias.reshape(rows, K // group), dtype=np.float32)), bits, group,
+                     SYMMETRIC.get(type_name, 0))
 
 
 Unpacked = tuple[np.ndarray, np.ndarray, np.ndarray]  # q [blocks, per] uint8, scale and bias [blocks, groups]

@@ -1,11 +1,13 @@
 """Quantized weights in the layout of our integer-dot kernels (csrc/int_dot_common.h), and their ops.
 
 `pack(w)` turns an `IntWeight` (blocks.py) into uint8 [N / 16, K / 32, tile bytes]: per tile of 16 output
-rows x 32 inputs, the low nibbles of q, its high bits (q5, q6, q8), then float16 scales and biases. It
-packs in chunks of rows, so the only full-size tensor it makes is the result. Tile bytes per 512 weights:
-q4 320 (5.0 bits a weight; the GGUF's Q4_K is 4.5), q5 384 (6.0; Q5_K 5.5), q6 512 (8.0; Q6_K 6.56),
-q8 576 (9.0; Q8_0 8.5). Scales and biases the GGUF stores as float16 (d, m) are exact; products such as
-Q4_K's d * sc take one float16 rounding (relative 2^-11, far below the 4-bit step).
+rows x 32 inputs, the low nibbles of q, its high bits (q5, q6, q8), then float16 scales and biases (none
+for a symmetric type, whose bias is -zero * scale: the "s" formats). It packs in chunks of rows, so the
+only full-size tensor it makes is the result. Tile bytes per 512 weights: q4 320 (5.0 bits a weight; the
+GGUF's Q4_K is 4.5), q5 384 (6.0; Q5_K 5.5), q4s 288 (4.5; Q4_0 4.5), q5s 352 (5.5; Q5_0 5.5), q6s 448
+(7.0; Q6_K 6.56), q8s 544 (8.5; Q8_0 8.5); q6 512 and q8 576 for asymmetric 6- and 8-bit values.
+Scales and biases the GGUF stores as float16 (d, m) are exact; products such as Q4_K's d * sc take one
+float16 rounding (relative 2^-11, far below the 4-bit step).
 `linear(x, parts)` runs several packed weights (a fused q/k/v or gate/up, each part of its own type) on x;
 `dequantize(packed, rows, out)` writes rows of one as dense values.
 """
@@ -15,12 +17,13 @@ import torch
 
 import numpy as np
 
-from kvstrata.model.quant.blocks import BLOCK_TYPES, IntWeight, decode_blocks
+from kvstrata.model.quant.blocks import BLOCK_TYPES, SYMMETRIC, IntWeight, decode_blocks
 
 LANES, GROUP = 16, 32  # output rows and inputs per tile
 # bits of q -> (format name, high bits kept beside the low nibble, scale groups per tile row, tile bytes)
 FORMATS: dict[int, tuple[str, int, int, int]] = {4: ("q4", 0, 1, 320), 5: ("q5", 1, 1, 384),
                                                  6: ("q6", 2, 2, 512), 8: ("q8", 4, 1, 576)}
+SCALE_BYTES = 2 * LANES  # float16 scales of a tile row group (and as many biases, where kept)
 PACK_ROWS = 2048  # rows packed at a time: bounds the temporaries of a large tensor (an 8B model's embedding)
 
 
@@ -37,12 +40,17 @@ def _packable(bits: int, group: int, n: int, k: int) -> str | None:
     return None
 
 
-def tile_bytes(bits: int) -> int:
-    return FORMATS[bits][3]
+def tile_bytes(bits: int, symmetric: bool = False) -> int:
+    _, _, groups, size = FORMATS[bits]
+    return size - SCALE_BYTES * groups if symmetric else size
 
 
 def format_name(packed: torch.Tensor) -> str:
-    return next(name for name, _, _, size in FORMATS.values() if size == packed.shape[2])
+    for bits, (name, _, _, _) in FORMATS.items():
+        for symmetric in (False, True):
+            if tile_bytes(bits, symmetric) == packed.shape[2]:
+                return name + "s" * symmetric
+    raise ValueError(f"tile bytes {packed.shape[2]}: not a packed format")
 
 
 def raw_packable(type_name: str, shape: tuple[int, ...]) -> bool:
@@ -59,7 +67,7 @@ def pack_raw(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> torch.T
     (so a large tensor never exists unpacked); raises ValueError as `pack` does."""
     n, k = shape
     bits = BLOCK_TYPES[type_name][2]
-    out = torch.empty(n // LANES, k // GROUP, tile_bytes(bits), dtype=torch.uint8)
+    out = torch.empty(n // LANES, k // GROUP, tile_bytes(bits, type_name in SYMMETRIC), dtype=torch.uint8)
     for r in range(0, n, PACK_ROWS):
         w = decode_blocks(raw[r:r + PACK_ROWS], type_name, shape)
         out[r // LANES:(r + w.q.shape[0]) // LANES] = pack(w)
@@ -68,19 +76,23 @@ def pack_raw(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> torch.T
 
 def pack(w: IntWeight) -> torch.Tensor:
     """w -> uint8 [N / 16, K / 32, tile bytes] (raises ValueError where `packable` says no, or where a
-    scale or bias overflows float16)."""
+    scale or bias overflows float16); a symmetric `w` (w.zero) packs without its biases."""
     why = packable(w)
     if why:
         raise ValueError(f"cannot pack {why}")
+    if w.zero and w.zero != 1 << (w.bits - 1):
+        raise ValueError(f"cannot pack a symmetric {w.bits}-bit weight of zero {w.zero} "
+                         f"(the kernels take {1 << (w.bits - 1)})")
     n, k = w.q.shape
-    out = torch.empty(n // LANES, k // GROUP, tile_bytes(w.bits), dtype=torch.uint8)
+    out = torch.empty(n // LANES, k // GROUP, tile_bytes(w.bits, w.zero > 0), dtype=torch.uint8)
     for r in range(0, n, PACK_ROWS):
         rows = slice(r, min(n, r + PACK_ROWS))
-        out[r // LANES:rows.stop // LANES] = _pack_rows(w.q[rows], w.scale[rows], w.bias[rows], w.bits)
+        bias = None if w.zero else w.bias[rows]
+        out[r // LANES:rows.stop // LANES] = _pack_rows(w.q[rows], w.scale[rows], bias, w.bits)
     return out
 
 
-def _pack_rows(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, bits: int) -> torch.Tensor:
+def _pack_rows(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, bits: int) -> torch.Tensor:
     _, high_bits, groups, _ = FORMATS[bits]
     n, k = q.shape
     rb, kb = n // LANES, k // GROUP
@@ -98,7 +110,7 @@ def _pack_rows(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, bits: i
         elif high_bits == 1:
             h = h[:, :, 0] | (h[:, :, 1] << 1) | (h[:, :, 2] << 2) | (h[:, :, 3] << 3)
         parts.append(h.reshape(rb, kb, -1))
-    for t in (scale, bias):  # [n, k / group] -> [rb, kb, groups, 16] float16, as bytes
+    for t in (scale,) if bias is None else (scale, bias):  # [n, k / group] -> [rb, kb, groups, 16] float16, as bytes
         halves = t.view(rb, LANES, kb, groups).permute(0, 2, 3, 1).to(torch.float16)
         if not torch.isfinite(halves).all():
             raise ValueError("cannot pack: a scale or bias overflows float16")

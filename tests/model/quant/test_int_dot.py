@@ -11,7 +11,7 @@ from quant_support import random_raw
 
 from kvstrata.model import cpu_kernels
 from kvstrata.model.quant import int_dot
-from kvstrata.model.quant.blocks import BLOCK_TYPES, IntWeight, decode_blocks
+from kvstrata.model.quant.blocks import BLOCK_TYPES, SYMMETRIC, IntWeight, decode_blocks
 
 TYPES = sorted(BLOCK_TYPES)
 
@@ -26,8 +26,11 @@ def weight(type_name: str, n: int, k: int, seed: int = 0) -> IntWeight:
 
 
 def halved(w: IntWeight) -> IntWeight:
-    """w with its scales and biases rounded to float16, as packed."""
-    return IntWeight(w.q, w.scale.half().float(), w.bias.half().float(), w.bits, w.group)
+    """w with its scales and biases rounded to float16, as packed (a symmetric type's bias: -zero times
+    the rounded scale)."""
+    scale = w.scale.half().float()
+    bias = -w.zero * scale if w.zero else w.bias.half().float()
+    return IntWeight(w.q, scale, bias, w.bits, w.group, w.zero)
 
 
 def reference(x: torch.Tensor, w: IntWeight, bits: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,7 +63,9 @@ def test_packing_keeps_the_values(type_name: str) -> None:
     w = weight(type_name, 48, 512, seed=1)
     packed = int_dot.pack(w)
     _, _, bits, _ = BLOCK_TYPES[type_name]
-    assert packed.shape == (3, 16, int_dot.tile_bytes(bits)) and packed.dtype == torch.uint8
+    assert packed.shape == (3, 16, int_dot.tile_bytes(bits, type_name in SYMMETRIC)) and packed.dtype == torch.uint8
+    per_weight = {"Q4_0": 4.5, "Q5_0": 5.5, "Q8_0": 8.5, "Q6_K": 7.0, "Q4_1": 5.0, "Q4_K": 5.0, "Q5_1": 6.0, "Q5_K": 6.0}
+    assert packed.shape[2] * 8 / 512 == per_weight[type_name]
     dense = int_dot.dequantize(packed, torch.float32)
     want = halved(w)
     assert torch.equal(dense, torch.addcmul(want.bias.repeat_interleave(w.group, 1),
@@ -135,6 +140,27 @@ def test_bad_inputs_are_refused() -> None:
     big.scale[0, 0] = 1e6  # past float16
     with pytest.raises(ValueError, match="overflows float16"):
         int_dot.pack(big)
+
+
+@pytest.mark.parametrize("type_name", sorted(SYMMETRIC))
+def test_symmetric_formats_give_the_bits_of_stored_biases(type_name: str) -> None:
+    """Q4_0, Q5_0, Q6_K, Q8_0 pack without biases (bias = scale * -zero in the kernels): the same outputs,
+    bit for bit, as the same weight packed with its biases, in fewer bytes."""
+    w = weight(type_name, 64, 512, seed=5)
+    assert w.zero == SYMMETRIC[type_name] == 1 << (w.bits - 1)
+    assert torch.equal(w.bias, -w.zero * w.scale)
+    sym, stored = int_dot.pack(w), int_dot.pack(IntWeight(w.q, w.scale, w.bias, w.bits, w.group))
+    assert sym.shape[2] == stored.shape[2] - 32 * (2 if w.bits == 6 else 1)
+    assert int_dot.format_name(sym) == int_dot.format_name(stored) + "s"
+    for rows in (1, 2, 3, 5, 8, 13):
+        x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)) * 2
+        for bits in (16, 8):
+            assert torch.equal(int_dot.linear(x, [sym], bits), int_dot.linear(x, [stored], bits))
+        assert torch.equal(int_dot.linear(x.bfloat16(), [sym]), int_dot.linear(x.bfloat16(), [stored]))
+    assert torch.equal(int_dot.dequantize(sym, torch.float32), int_dot.dequantize(stored, torch.float32))
+    wrong = 16 if w.bits != 5 else 8
+    with pytest.raises(ValueError, match=f"zero {wrong} "):
+        int_dot.pack(IntWeight(w.q, w.scale, w.bias, w.bits, w.group, wrong))
 
 
 def test_pack_in_chunks_equals_pack_at_once(monkeypatch: pytest.MonkeyPatch) -> None:

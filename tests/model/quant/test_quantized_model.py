@@ -68,7 +68,7 @@ def test_decode_steps_on_quantized_linears_match_dense_logits(tiny_model_dir: Pa
     model = LlamaModel(w.arch, dense_w, torch.float32, CPU, attn, q4_max_rows=1, fused_ops=False, **quant)
     assert model.uses_quant and not dense.uses_quant and model.uses_int_dot == (kernel == "int_dot")
     if kernel == "int_dot":
-        assert [lin.quant.formats() for lin in model.layers[0].linears()] == [["q4", "q4", "q8"], ["q4"], ["q4", "q4"], ["q5"]]
+        assert [lin.quant.formats() for lin in model.layers[0].linears()] == [["q4", "q4", "q8s"], ["q4"], ["q4", "q4"], ["q5s"]]
     ids = torch.randint(0, w.arch.vocab_size, (9,), generator=torch.Generator().manual_seed(0))
     (dp, dd), (qp, qd) = _two_steps(dense, ids), _two_steps(model, ids)
     assert torch.equal(dp, qp)  # the wide step did not touch the quantized weights
