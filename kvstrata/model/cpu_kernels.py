@@ -137,8 +137,14 @@ def native_bf16_dot() -> bool:
 
 
 def has_avx512() -> bool:
-    """Whether silu_mul.cpp gets its AVX-512 loop here (elsewhere torch's two ops are as fast)."""
     return "avx512f" in _cpu_flags()
+
+
+def silu_mul_simd() -> bool:
+    """Whether silu_mul.cpp gets a vector loop here (AVX-512, or AVX2 with FMA; both give the same bits);
+    its portable loop is not faster than torch's two ops."""
+    flags = _cpu_flags()
+    return "avx512f" in flags or all(f in flags for f in ("avx2", "fma"))
 
 
 def int_dot_simd() -> bool:

@@ -90,7 +90,7 @@ class LlamaModel:
         # write, and the MLP's silu(gate) * up are one C++ op each (cpu_kernels.py)
         self.exact = dtype == torch.float32 and not self.uses_quant
         self.fused_ops = cpu_ops and not self.exact
-        self.fused_silu = self.fused_ops and cpu_kernels.has_avx512()  # its portable loop is not faster than torch's
+        self.fused_silu = self.fused_ops and cpu_kernels.silu_mul_simd()  # its portable loop is not faster than torch's
 
         def dense(name: str) -> torch.Tensor | None:
             return tensors[name].to(device=device, dtype=dtype).contiguous() if name in tensors else None
