@@ -15,7 +15,7 @@ import torch
 from kvstrata.model import cpu_kernels
 from kvstrata.model.cpu_caps import parse_cpuinfo
 from kvstrata.model.quant import int_dot
-from kvstrata.model.quant.blocks import IntWeight
+from kvstrata.model.quant.blocks import IntWeight, KScales
 from kvstrata.model.quant.int8_head import Int8HeadPack
 
 REAL_FLAGS = parse_cpuinfo(Path("/proc/cpuinfo").read_text())[1]
@@ -48,6 +48,16 @@ def outputs() -> dict[str, torch.Tensor]:
                 for dtype in (torch.float32, torch.bfloat16):
                     out[f"{name} {n}x{k} rows={rows} {dtype}"] = int_dot.linear(x.to(dtype), [packed])
                     out[f"{name} {n}x{k} rows={rows} {dtype} 8-bit"] = int_dot.linear(x.to(dtype), [packed], 8)
+    for n, k in ((48, 256), (2048, 2048)):  # Q4_K as q4k: 8-bit sc and m a tile row, float16 d and -dmin a super-tile
+        q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+        d, dmin = ((torch.rand(n, k // 256, generator=g) * 2e-3).half().float() for _ in range(2))
+        sc, m = (torch.randint(0, 64, (n, k // 32), generator=g, dtype=torch.uint8) for _ in range(2))
+        scale, bias = d.repeat_interleave(8, 1) * sc.float(), -dmin.repeat_interleave(8, 1) * m.float()
+        packed = int_dot.pack(IntWeight(q, scale, bias, 4, 32, 0, KScales(d, dmin, sc, m)))
+        for rows in (1, 3, 4, 5, 8, 11):
+            x = torch.randn(rows, k, generator=g) * 3
+            out[f"q4k {n}x{k} rows={rows}"] = int_dot.linear(x, [packed])
+            out[f"q4k {n}x{k} rows={rows} 8-bit"] = int_dot.linear(x.bfloat16(), [packed], 8)
     for v, k in ((48, 64), (4096, 576)):
         w = torch.randint(-127, 128, (v, k), generator=g, dtype=torch.int8)
         pack = Int8HeadPack.of(w, torch.rand(v, generator=g) * 0.01)
@@ -83,6 +93,6 @@ def test_an_avx2_build_gives_the_same_bits_as_this_one(tmp_path: Path) -> None:
     assert done.stdout.split() == ["avx2"]  # the AVX2 loops, not the portable ones
     capped = torch.load(tmp_path / "avx2.pt")
     native = outputs()
-    assert capped.keys() == native.keys() and len(native) == 298
+    assert capped.keys() == native.keys() and len(native) == 322
     differ = [name for name in native if not torch.equal(native[name], capped[name])]
     assert not differ, differ

@@ -34,20 +34,26 @@ inline __m256 biases(const uint8_t* bias, __m256 sc, Format f) {
   else return HALVES(bias);
 }
 
+inline __m256 bytes8(const uint8_t* p) {  // 8 unsigned bytes as floats
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+enum class Q4 { kStored, kSymmetric, kBlocks };  // the q4 formats: q4, q4s, q4k (int_dot_common.h)
+
 // q4: out[r][i] for N <= 4 rows from r0 of one tile column, both halves of each tile (half h: output
 // rows 8h..8h+7) in one pass, so the column streams once (W: wide, 16-bit activations; else 8-bit ones,
-// whose hi bytes are 0 and skipped; S: the symmetric format q4s)
-template <int N, bool W, bool S>
+// whose hi bytes are 0 and skipped; M: which q4 format)
+template <int N, bool W, Q4 M>
 void q4_tiles(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, float* out /* [N][16] */) {
   constexpr int NH = 2;
-  constexpr Format f = S ? kQ4s : kQ4;
+  constexpr Format f = M == Q4::kBlocks ? kQ4k : M == Q4::kSymmetric ? kQ4s : kQ4;
   const int64_t nb = K / kGroup;
   __m256 acc[N][NH];
   for (int r = 0; r < N; ++r)
     for (int h = 0; h < NH; ++h) acc[r][h] = _mm256_setzero_ps();
   const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (int64_t j = 0; j < nb; ++j) {
-    const uint8_t* wb = w + j * f.bytes();
+    const uint8_t* wb = tile_at(w, j, f);
     prefetch_ahead(wb, f.bytes());
     __m256i sh[N][NH], sl[N][NH];  // 16-bit pair sums
     for (int r = 0; r < N; ++r)
@@ -69,7 +75,15 @@ void q4_tiles(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, flo
       }
     }
     for (int h = 0; h < NH; ++h) {
-      const __m256 sc = HALVES(wb + kLowBytes + 16 * h), bi = biases<S>(wb + kLowBytes + 32 + 16 * h, sc, f);
+      __m256 sc, bi;
+      if constexpr (M == Q4::kBlocks) {  // d * sc, -dmin * m
+        const uint8_t* dm = k_super_scales(w, j);
+        sc = _mm256_mul_ps(HALVES(dm + 16 * h), bytes8(wb + kLowBytes + 8 * h));
+        bi = _mm256_mul_ps(HALVES(dm + 32 + 16 * h), bytes8(wb + kLowBytes + kLanes + 8 * h));
+      } else {
+        sc = HALVES(wb + kLowBytes + 16 * h);
+        bi = biases<M == Q4::kSymmetric>(wb + kLowBytes + 32 + 16 * h, sc, f);
+      }
       for (int r = 0; r < N; ++r) {
         __m256i dot = _mm256_madd_epi16(sl[r][h], ones);
         if constexpr (W) dot = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(sh[r][h], ones), 8), dot);
@@ -197,15 +211,15 @@ void hb_pass(const Activations& a, int64_t r0, int n, int64_t K, const uint8_t* 
 }
 
 // q4: passes of at most 4 rows (q4_tiles)
-template <bool W, bool S>
+template <bool W, Q4 M>
 void q4_passes(const Activations& a, int64_t r0, int R, int64_t K, const uint8_t* w, float* out) {
   for (int r = 0; r < R; r += 4) {
     const int n = std::min(R - r, 4);
     float* o = out + r * kLanes;
-    if (n == 4) q4_tiles<4, W, S>(a, r0 + r, K, w, o);
-    else if (n == 3) q4_tiles<3, W, S>(a, r0 + r, K, w, o);
-    else if (n == 2) q4_tiles<2, W, S>(a, r0 + r, K, w, o);
-    else q4_tiles<1, W, S>(a, r0 + r, K, w, o);
+    if (n == 4) q4_tiles<4, W, M>(a, r0 + r, K, w, o);
+    else if (n == 3) q4_tiles<3, W, M>(a, r0 + r, K, w, o);
+    else if (n == 2) q4_tiles<2, W, M>(a, r0 + r, K, w, o);
+    else q4_tiles<1, W, M>(a, r0 + r, K, w, o);
   }
 }
 
@@ -218,7 +232,9 @@ void q4_passes(const Activations& a, int64_t r0, int R, int64_t K, const uint8_t
 template <bool W>
 void avx2_tiles(const Activations& a, int64_t r0, int R, int64_t K, const uint8_t* w, Format f, float* out) {
   if (f.high_bits == 0) {
-    f.symmetric ? q4_passes<W, true>(a, r0, R, K, w, out) : q4_passes<W, false>(a, r0, R, K, w, out);
+    if (f.kblocks) q4_passes<W, Q4::kBlocks>(a, r0, R, K, w, out);
+    else if (f.symmetric) q4_passes<W, Q4::kSymmetric>(a, r0, R, K, w, out);
+    else q4_passes<W, Q4::kStored>(a, r0, R, K, w, out);
     return;
   }
   if (!W || R <= 2) {

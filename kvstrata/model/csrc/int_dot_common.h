@@ -11,6 +11,10 @@
 // its format ("q4s" 288 B, "q5s" 352 B, "q6s" 448 B, "q8s" 544 B: the file's own bits a weight but for Q6_K's
 // 7.0 against 6.56) computes each bias as scale * -zero, exact in float32 (a power of two times a float16),
 // so the same float operations give the same bits as the stored bias would.
+// Q4_K keeps its own scale encoding ("q4k", 296 B a tile on average, 4.625 bits a weight against the file's
+// 4.5): a tile is the low plane + 16 scale bytes sc + 16 min bytes m (one a row; 288 B), and each run of 8
+// tiles along K (a K-quant super-block of 256 inputs, "super-tile" of 2,368 B) ends with 16 float16 d and 16
+// float16 -dmin (one a row): scale = d * sc, bias = -dmin * m, both exact in float32.
 // Low plane: four 64-byte vectors v; byte 4i + b of vector v holds q & 15 of row i at input 4v + b in its
 // low nibble and at input 16 + 4v + b in its high nibble, so one load and a mask or a shift feed 16 rows'
 // lanes (4 inputs a 32-bit lane). The high bits (q >> 4) take the same arrangement, H[v], packed:
@@ -41,32 +45,61 @@ constexpr int kLowBytes = 256;  // the low plane of a tile
 constexpr float kMax16 = 127 * 256 + 127;  // |x16| bound: both of its bytes stay in -128..127
 constexpr float kMax8 = 127;               // |x8| bound (8-bit activations: hi is 0)
 
+constexpr int kSuperTiles = 8;                     // q4k: tiles a super-tile (256 inputs)
+constexpr int64_t kKTile = kLowBytes + 2 * kLanes;  // q4k: a tile (low plane, sc, m) = 288 B
+constexpr int64_t kKSuper = kSuperTiles * kKTile + 2 * 2 * kLanes;  // + d, -dmin (float16) = 2,368 B
+
 struct Format {
   int high_bits;  // 0 (q4), 1 (q5), 2 (q6), 4 (q8)
   int groups;     // scale groups a tile's row holds: 1, or 2 (q6: 16 inputs each)
   bool symmetric = false;  // no stored biases: bias = -zero() * scale
+  bool kblocks = false;    // q4k: 8-bit sc and m a tile row, d and -dmin a super-tile row
   constexpr int64_t high_bytes() const { return 64 * high_bits; }
   constexpr int64_t scale_bytes() const { return 2 * kLanes * groups; }  // float16 scales (and as many biases, stored)
-  constexpr int64_t bytes() const { return kLowBytes + high_bytes() + (symmetric ? 1 : 2) * scale_bytes(); }
+  // a tile's bytes (q4k: on average; the packed tensor's last size either way)
+  constexpr int64_t bytes() const {
+    return kblocks ? kKSuper / kSuperTiles : kLowBytes + high_bytes() + (symmetric ? 1 : 2) * scale_bytes();
+  }
   constexpr float zero() const { return static_cast<float>(8 << high_bits); }  // 2^(bits - 1): 8, 16, 32, 128
 };
 
 constexpr Format kQ4{0, 1}, kQ5{1, 1}, kQ6{2, 2}, kQ8{4, 1};
 constexpr Format kQ4s{0, 1, true}, kQ5s{1, 1, true}, kQ6s{2, 2, true}, kQ8s{4, 1, true};
+constexpr Format kQ4k{0, 1, false, true};
+
+// tile j of the tile column at col
+inline const uint8_t* tile_at(const uint8_t* col, int64_t j, Format f) {
+  return f.kblocks ? col + (j / kSuperTiles) * kKSuper + (j % kSuperTiles) * kKTile : col + j * f.bytes();
+}
+
+// q4k: the float16 d (then -dmin, 32 bytes on) of the super-tile holding tile j of the column at col
+inline const uint8_t* k_super_scales(const uint8_t* col, int64_t j) {
+  return col + (j / kSuperTiles) * kKSuper + kSuperTiles * kKTile;
+}
 
 // The format of a packed tensor [N / 16, K / 32, bytes], by its tile size.
 inline Format format_of(const at::Tensor& packed) {
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 3,
               "packed: a contiguous uint8 [N / 16, K / 32, tile bytes] tensor");
-  for (const Format f : {kQ4, kQ5, kQ6, kQ8, kQ4s, kQ5s, kQ6s, kQ8s})
-    if (packed.size(2) == f.bytes()) return f;
+  for (const Format f : {kQ4, kQ5, kQ6, kQ8, kQ4s, kQ5s, kQ6s, kQ8s, kQ4k})
+    if (packed.size(2) == f.bytes()) {
+      TORCH_CHECK(!f.kblocks || packed.size(1) % kSuperTiles == 0, "packed: q4k needs in_features a multiple of 256");
+      return f;
+    }
   TORCH_CHECK(false, "packed: tile bytes ", packed.size(2), " is none of 320 (q4), 384 (q5), 512 (q6), 576 (q8), "
-              "288 (q4s), 352 (q5s), 448 (q6s), 544 (q8s)");
+              "288 (q4s), 352 (q5s), 448 (q6s), 544 (q8s), 296 (q4k)");
   return kQ4;
 }
 
-// group g's scale and bias of row i in the tile at wb (portable code and the dequant op)
-inline void scale_bias(const uint8_t* wb, Format f, int g, int i, float& scale, float& bias) {
+// group g's scale and bias of row i in tile j of the column at col (portable code and the dequant op)
+inline void scale_bias(const uint8_t* col, int64_t j, Format f, int g, int i, float& scale, float& bias) {
+  const uint8_t* wb = tile_at(col, j, f);
+  if (f.kblocks) {
+    const c10::Half* dm = reinterpret_cast<const c10::Half*>(k_super_scales(col, j));
+    scale = static_cast<float>(dm[i]) * static_cast<float>(wb[kLowBytes + i]);
+    bias = static_cast<float>(dm[kLanes + i]) * static_cast<float>(wb[kLowBytes + kLanes + i]);
+    return;
+  }
   const c10::Half* sc = reinterpret_cast<const c10::Half*>(wb + kLowBytes + f.high_bytes());
   scale = static_cast<float>(sc[kLanes * g + i]);
   bias = f.symmetric ? scale * -f.zero() : static_cast<float>(sc[kLanes * (f.groups + g) + i]);

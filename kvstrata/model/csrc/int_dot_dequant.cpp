@@ -46,7 +46,8 @@ inline void store8(scalar_t* out, __m256 v) {
 
 // row i of the tile at wb: 32 values w = scale * q + bias (groups: 16 inputs a scale for q6)
 template <typename scalar_t>
-void dequant_tile_row(const uint8_t* wb, Format f, int i, scalar_t* out) {
+void dequant_tile_row(const uint8_t* col, int64_t j, Format f, int i, scalar_t* out) {
+  const uint8_t* wb = tile_at(col, j, f);
   const __m128i m4 = _mm_set1_epi8(0x0F);
   const __m128i low = words(wb, i, 0, 64, 128, 192);
   __m128i qa = _mm_and_si128(low, m4), qb = _mm_and_si128(_mm_srli_epi16(low, 4), m4);  // inputs 0-15, 16-31
@@ -66,7 +67,7 @@ void dequant_tile_row(const uint8_t* wb, Format f, int i, scalar_t* out) {
   const __m128i sides[2] = {qa, qb};
   for (int side = 0; side < 2; ++side) {
     float sg, bg;
-    scale_bias(wb, f, f.groups == 2 ? side : 0, i, sg, bg);
+    scale_bias(col, j, f, f.groups == 2 ? side : 0, i, sg, bg);
     const __m256 s = _mm256_set1_ps(sg), b = _mm256_set1_ps(bg);
     const __m256 lo8 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sides[side]));
     const __m256 hi8 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sides[side], 8)));
@@ -82,13 +83,13 @@ void dequant_row(const uint8_t* base, Format f, int64_t K, int64_t n, scalar_t* 
   const int i = static_cast<int>(n % kLanes);
   const uint8_t* tiles = base + (n / kLanes) * nb * f.bytes();
   for (int64_t j = 0; j < nb; ++j) {
-    const uint8_t* wb = tiles + j * f.bytes();
+    const uint8_t* wb = tile_at(tiles, j, f);
 #if KVSTRATA_AVX2
-    dequant_tile_row<scalar_t>(wb, f, i, out + j * kGroup);
+    dequant_tile_row<scalar_t>(tiles, j, f, i, out + j * kGroup);
     continue;
 #endif
     float s[2], b[2];
-    for (int g = 0; g < f.groups; ++g) scale_bias(wb, f, g, i, s[g], b[g]);
+    for (int g = 0; g < f.groups; ++g) scale_bias(tiles, j, f, g, i, s[g], b[g]);
     for (int t = 0; t < kGroup; ++t) {
       const int g = f.groups == 2 ? t / 16 : 0;
       out[j * kGroup + t] = static_cast<scalar_t>(std::fma(s[g], static_cast<float>(tile_q(wb, f, i, t)), b[g]));

@@ -50,7 +50,7 @@ void portable_tiles(const Activations& a, int64_t r0, int R, int64_t K, const ui
     const int8_t* xh = a.hi.data() + (r0 + r) * K;
     const int8_t* xl = a.lo.data() + (r0 + r) * K;
     for (int64_t j = 0; j < nb; ++j) {
-      const uint8_t* wb = w + j * f.bytes();
+      const uint8_t* wb = tile_at(w, j, f);
       const int64_t at = (r0 + r) * nb + j;
       for (int i = 0; i < kLanes; ++i) {
         int32_t dot[2] = {0, 0};
@@ -59,7 +59,7 @@ void portable_tiles(const Activations& a, int64_t r0, int R, int64_t K, const ui
           dot[G == 2 ? t / 16 : 0] += tile_q(wb, f, i, t) * (256 * xh[k] + xl[k]);
         }
         float s[2], b[2];
-        for (int g = 0; g < G; ++g) scale_bias(wb, f, g, i, s[g], b[g]);
+        for (int g = 0; g < G; ++g) scale_bias(w, j, f, g, i, s[g], b[g]);
         for (int g = 0; g < G; ++g) acc[i] = std::fma(s[g] * a.scale[at], static_cast<float>(dot[g]), acc[i]);
         for (int g = 0; g < G; ++g) acc[i] = std::fma(b[g], G == 1 ? a.sum[at] : a.sum16[2 * at + g], acc[i]);
       }
@@ -78,16 +78,27 @@ void tiles(const Activations& a, int64_t r0, int R, int64_t K, const uint8_t* w,
     __m512 acc[kMaxRows];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t j = 0; j < nb; ++j) {
-      const uint8_t* wb = w + j * f.bytes();
+      const uint8_t* wb = tile_at(w, j, f);
       __m512i lo[4], hi[4];
       for (int v = 0; v < 4; ++v) {
         const __m512i raw = _mm512_loadu_si512(wb + 64 * v);
         lo[v] = _mm512_and_si512(raw, mask);
         hi[v] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
       }
-      const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kLowBytes)));
-      const __m512 bi = f.symmetric ? _mm512_mul_ps(sc, _mm512_set1_ps(-f.zero()))
-                                    : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kLowBytes + 32)));
+      __m512 sc, bi;
+      if (f.kblocks) {  // d * sc, -dmin * m (int_dot_common.h)
+        const uint8_t* dm = k_super_scales(w, j);
+        auto bytes16 = [](const uint8_t* p) {
+          return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+        };
+        sc = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm))), bytes16(wb + kLowBytes));
+        bi = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm + 32))),
+                           bytes16(wb + kLowBytes + kLanes));
+      } else {
+        sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kLowBytes)));
+        bi = f.symmetric ? _mm512_mul_ps(sc, _mm512_set1_ps(-f.zero()))
+                         : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kLowBytes + 32)));
+      }
       for (int r = 0; r < R; ++r) {
         const int8_t* xh = a.hi.data() + (r0 + r) * K + j * kGroup;
         const int8_t* xl = a.lo.data() + (r0 + r) * K + j * kGroup;

@@ -14,7 +14,9 @@ The unpacking follows the byte layouts of llama.cpp's ggml-quants (as the `gguf`
 `dequantize` reads them; tests/model/quant/test_blocks.py checks every type against it on random
 blocks). Scale and bias come back in float32 (exact: products of a float16 and an integer of at most
 8 bits); the kernels' packing holds them in float16. The symmetric types (bias = -zero scale: Q4_0, Q5_0,
-Q8_0, Q6_K) say so in `zero`, and the packing then keeps no biases (int_dot.py).
+Q8_0, Q6_K) say so in `zero`, and the packing then keeps no biases (int_dot.py). Q4_K also comes back as
+its own scale encoding (`KScales`: d and dmin a super-block, 6-bit sc and m a group), which the packing
+keeps instead of float16 products.
 """
 from __future__ import annotations
 
@@ -33,6 +35,19 @@ SYMMETRIC = {"Q4_0": 8, "Q5_0": 16, "Q8_0": 128, "Q6_K": 32}  # type -> zero: bi
 
 
 @dataclass
+class KScales:
+    """Q4_K's scales as the file holds them: scale = d * sc, bias = -dmin * m."""
+
+    d: torch.Tensor  # [N, K / 256] float32 (float16 values)
+    dmin: torch.Tensor  # [N, K / 256] float32 (float16 values)
+    sc: torch.Tensor  # [N, K / 32] uint8 (6-bit)
+    m: torch.Tensor  # [N, K / 32] uint8 (6-bit)
+
+    def rows(self, index: torch.Tensor) -> KScales:
+        return KScales(self.d[index], self.dmin[index], self.sc[index], self.m[index])
+
+
+@dataclass
 class IntWeight:
     """w[n, k] = scale[n, k // group] * q[n, k] + bias[n, k // group]."""
 
@@ -42,6 +57,7 @@ class IntWeight:
     bits: int
     group: int
     zero: int = 0  # > 0: bias == -zero * scale everywhere (a symmetric type; zero = 2^(bits - 1))
+    kscales: KScales | None = None  # Q4_K: its scales as the file encodes them (scale, bias = their products)
 
     def dequantize(self) -> torch.Tensor:  # [N, K] float32
         s = self.scale.repeat_interleave(self.group, dim=1)
@@ -50,7 +66,8 @@ class IntWeight:
 
     def rows(self, index: torch.Tensor) -> IntWeight:
         """The rows `index` (a permutation of output rows, e.g. llama.cpp's Q/K order undone)."""
-        return IntWeight(self.q[index], self.scale[index], self.bias[index], self.bits, self.group, self.zero)
+        ks = self.kscales.rows(index) if self.kscales is not None else None
+        return IntWeight(self.q[index], self.scale[index], self.bias[index], self.bits, self.group, self.zero, ks)
 
 
 def block_type(type_name: str, shape: tuple[int, ...]) -> tuple[int, int, int, int] | None:
@@ -70,10 +87,12 @@ def decode_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> In
     rows, K = raw.shape[0], shape[1]
     b = np.ascontiguousarray(raw).reshape(rows * (K // per), nbytes)  # one row per block
     q, scale, bias = _DECODERS[type_name](b)
-    return IntWeight(torch.from_numpy(np.ascontiguousarray(q.reshape(rows, K))),
-                     torch.from_numpy(np.ascontiguousarray(scale.reshape(rows, K // group), dtype=np.float32)),
-                     torch.from_numpy(np.ascontiguousarray(bias.reshape(rows, K // group), dtype=np.float32)), bits, group,
-                     SYMMETRIC.get(type_name, 0))
+    t = lambda a, cols, dtype=np.float32: torch.from_numpy(np.ascontiguousarray(a.reshape(rows, cols), dtype=dtype))  # noqa: E731
+    ks = None
+    if type_name == "Q4_K":
+        sc, mn = _k_scales(b[:, 4:16])
+        ks = KScales(t(_f16(b, 0), K // QK_K), t(_f16(b, 2), K // QK_K), t(sc, K // 32, np.uint8), t(mn, K // 32, np.uint8))
+    return IntWeight(t(q, K, np.uint8), t(scale, K // group), t(bias, K // group), bits, group, SYMMETRIC.get(type_name, 0), ks)
 
 
 Unpacked = tuple[np.ndarray, np.ndarray, np.ndarray]  # q [blocks, per] uint8, scale and bias [blocks, groups]

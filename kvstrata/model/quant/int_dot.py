@@ -5,7 +5,9 @@ rows x 32 inputs, the low nibbles of q, its high bits (q5, q6, q8), then float16
 for a symmetric type, whose bias is -zero * scale: the "s" formats). It packs in chunks of rows, so the
 only full-size tensor it makes is the result. Tile bytes per 512 weights: q4 320 (5.0 bits a weight; the
 GGUF's Q4_K is 4.5), q5 384 (6.0; Q5_K 5.5), q4s 288 (4.5; Q4_0 4.5), q5s 352 (5.5; Q5_0 5.5), q6s 448
-(7.0; Q6_K 6.56), q8s 544 (8.5; Q8_0 8.5); q6 512 and q8 576 for asymmetric 6- and 8-bit values.
+(7.0; Q6_K 6.56), q8s 544 (8.5; Q8_0 8.5); q6 512 and q8 576 for asymmetric 6- and 8-bit values. Q4_K
+packs as q4k, 296 on average (4.625; Q4_K 4.5): a tile's 16 rows keep their 6-bit sc and m as bytes, and
+each run of 8 tiles (a super-block) its rows' float16 d and -dmin (csrc/int_dot_common.h).
 Scales and biases the GGUF stores as float16 (d, m) are exact; products such as Q4_K's d * sc take one
 float16 rounding (relative 2^-11, far below the 4-bit step).
 `linear(x, parts)` runs several packed weights (a fused q/k/v or gate/up, each part of its own type) on x;
@@ -24,6 +26,9 @@ LANES, GROUP = 16, 32  # output rows and inputs per tile
 FORMATS: dict[int, tuple[str, int, int, int]] = {4: ("q4", 0, 1, 320), 5: ("q5", 1, 1, 384),
                                                  6: ("q6", 2, 2, 512), 8: ("q8", 4, 1, 576)}
 SCALE_BYTES = 2 * LANES  # float16 scales of a tile row group (and as many biases, where kept)
+SUPER_TILES, Q4K_TILE = 8, 256 + 2 * LANES  # q4k: tiles a super-tile (256 inputs); a tile: low plane, sc, m
+Q4K_SUPER = SUPER_TILES * Q4K_TILE + 2 * SCALE_BYTES  # + d and -dmin, float16: 2,368 bytes
+Q4K_BYTES = Q4K_SUPER // SUPER_TILES  # 296: the packed tensor's last size
 PACK_ROWS = 2048  # rows packed at a time: bounds the temporaries of a large tensor (an 8B model's embedding)
 
 
@@ -46,6 +51,8 @@ def tile_bytes(bits: int, symmetric: bool = False) -> int:
 
 
 def format_name(packed: torch.Tensor) -> str:
+    if packed.shape[2] == Q4K_BYTES:
+        return "q4k"
     for bits, (name, _, _, _) in FORMATS.items():
         for symmetric in (False, True):
             if tile_bytes(bits, symmetric) == packed.shape[2]:
@@ -67,7 +74,8 @@ def pack_raw(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> torch.T
     (so a large tensor never exists unpacked); raises ValueError as `pack` does."""
     n, k = shape
     bits = BLOCK_TYPES[type_name][2]
-    out = torch.empty(n // LANES, k // GROUP, tile_bytes(bits, type_name in SYMMETRIC), dtype=torch.uint8)
+    size = Q4K_BYTES if type_name == "Q4_K" else tile_bytes(bits, type_name in SYMMETRIC)
+    out = torch.empty(n // LANES, k // GROUP, size, dtype=torch.uint8)
     for r in range(0, n, PACK_ROWS):
         w = decode_blocks(raw[r:r + PACK_ROWS], type_name, shape)
         out[r // LANES:(r + w.q.shape[0]) // LANES] = pack(w)
@@ -84,27 +92,63 @@ def pack(w: IntWeight) -> torch.Tensor:
         raise ValueError(f"cannot pack a symmetric {w.bits}-bit weight of zero {w.zero} "
                          f"(the kernels take {1 << (w.bits - 1)})")
     n, k = w.q.shape
-    out = torch.empty(n // LANES, k // GROUP, tile_bytes(w.bits, w.zero > 0), dtype=torch.uint8)
+    ks = w.kscales
+    out = torch.empty(n // LANES, k // GROUP, Q4K_BYTES if ks is not None else tile_bytes(w.bits, w.zero > 0),
+                      dtype=torch.uint8)
     for r in range(0, n, PACK_ROWS):
         rows = slice(r, min(n, r + PACK_ROWS))
-        bias = None if w.zero else w.bias[rows]
-        out[r // LANES:rows.stop // LANES] = _pack_rows(w.q[rows], w.scale[rows], bias, w.bits)
+        if ks is not None:
+            packed = _pack_q4k_rows(w.q[rows], ks.d[rows], ks.dmin[rows], ks.sc[rows], ks.m[rows])
+        else:
+            packed = _pack_rows(w.q[rows], w.scale[rows], None if w.zero else w.bias[rows], w.bits)
+        out[r // LANES:rows.stop // LANES] = packed
     return out
+
+
+def _low_plane(q: torch.Tensor) -> torch.Tensor:
+    """q [n, k] (rows a multiple of 16) -> the low planes of its tiles, [n / 16, k / 32, 256] uint8."""
+    return _planes(q)[0].reshape(q.shape[0] // LANES, q.shape[1] // GROUP, 256)
+
+
+def _pack_q4k_rows(q: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: torch.Tensor,
+                   m: torch.Tensor) -> torch.Tensor:
+    """Q4_K rows -> q4k super-tiles: per 8 tiles (low plane, 16 sc bytes, 16 m bytes), then 16 float16 d
+    and 16 float16 -dmin; viewed as [n / 16, k / 32, 296]."""
+    n, k = q.shape
+    rb, kb = n // LANES, k // GROUP
+    if k % (GROUP * SUPER_TILES):
+        raise ValueError(f"cannot pack Q4_K of {k} inputs as q4k (a multiple of 256)")
+    per_row = lambda t: t.view(rb, LANES, -1).permute(0, 2, 1)  # noqa: E731  [n, c] -> [rb, c, 16]
+    tiles = torch.cat([_low_plane(q), per_row(sc.to(torch.uint8)), per_row(m.to(torch.uint8))], dim=-1)
+    halves = torch.cat([per_row(d), per_row(-dmin)], dim=-1).to(torch.float16)  # [rb, k / 256, 32]
+    if not torch.isfinite(halves).all():
+        raise ValueError("cannot pack: a scale or bias overflows float16")
+    supers = torch.cat([tiles.reshape(rb, kb // SUPER_TILES, SUPER_TILES * Q4K_TILE),
+                        halves.contiguous().view(torch.uint8).reshape(rb, kb // SUPER_TILES, 2 * SCALE_BYTES)], dim=-1)
+    return supers.reshape(rb, kb, Q4K_BYTES)
+
+
+def _planes(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [n, k] -> its tiles' planes of q & 15 and of q >> 4, [n / 16, k / 32, 4, 64] each: vector v, byte
+    4i + b holds row i at input 4v + b in its low nibble and at 16 + 4v + b in its high one."""
+    n, k = q.shape
+    rb, kb = n // LANES, k // GROUP
+    # [row block, row i, k-block j, side (inputs 0-15 or 16-31), vector v, byte b] -> [rb, j, v, i, b]
+    q6 = q.view(rb, LANES, kb, 2, 4, 4)
+
+    def plane(t: torch.Tensor) -> torch.Tensor:  # side 0 in the low nibble, side 1 in the high one
+        return (t[:, :, :, 0] | (t[:, :, :, 1] << 4)).permute(0, 2, 3, 1, 4).reshape(rb, kb, 4, 4 * LANES)
+
+    return plane(q6 & 0x0F), plane(q6 >> 4)
 
 
 def _pack_rows(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, bits: int) -> torch.Tensor:
     _, high_bits, groups, _ = FORMATS[bits]
     n, k = q.shape
     rb, kb = n // LANES, k // GROUP
-    # [row block, row i, k-block j, side (inputs 0-15 or 16-31), vector v, byte b] -> [rb, j, v, i, b]
-    q6 = q.view(rb, LANES, kb, 2, 4, 4)
-
-    def plane(t: torch.Tensor) -> torch.Tensor:  # side 0 in the low nibble, side 1 in the high one: [rb, kb, 4, 64]
-        return (t[:, :, :, 0] | (t[:, :, :, 1] << 4)).permute(0, 2, 3, 1, 4).reshape(rb, kb, 4, 4 * LANES)
-
-    parts = [plane(q6 & 0x0F).reshape(rb, kb, 256)]
+    low, h = _planes(q)  # h: H[v]
+    parts = [low.reshape(rb, kb, 256)]
     if high_bits:
-        h = plane(q6 >> 4)  # H[v]
         if high_bits == 2:
             h = h[:, :, 0::2] | (h[:, :, 1::2] << 2)
         elif high_bits == 1:

@@ -27,7 +27,9 @@ def weight(type_name: str, n: int, k: int, seed: int = 0) -> IntWeight:
 
 def halved(w: IntWeight) -> IntWeight:
     """w with its scales and biases rounded to float16, as packed (a symmetric type's bias: -zero times
-    the rounded scale)."""
+    the rounded scale; Q4_K's q4k keeps the file's d, dmin, sc and m: its products are exact)."""
+    if w.kscales is not None:
+        return w
     scale = w.scale.half().float()
     bias = -w.zero * scale if w.zero else w.bias.half().float()
     return IntWeight(w.q, scale, bias, w.bits, w.group, w.zero)
@@ -63,14 +65,15 @@ def test_packing_keeps_the_values(type_name: str) -> None:
     w = weight(type_name, 48, 512, seed=1)
     packed = int_dot.pack(w)
     _, _, bits, _ = BLOCK_TYPES[type_name]
-    assert packed.shape == (3, 16, int_dot.tile_bytes(bits, type_name in SYMMETRIC)) and packed.dtype == torch.uint8
-    per_weight = {"Q4_0": 4.5, "Q5_0": 5.5, "Q8_0": 8.5, "Q6_K": 7.0, "Q4_1": 5.0, "Q4_K": 5.0, "Q5_1": 6.0, "Q5_K": 6.0}
+    size = int_dot.Q4K_BYTES if type_name == "Q4_K" else int_dot.tile_bytes(bits, type_name in SYMMETRIC)
+    assert packed.shape == (3, 16, size) and packed.dtype == torch.uint8
+    per_weight = {"Q4_0": 4.5, "Q5_0": 5.5, "Q8_0": 8.5, "Q6_K": 7.0, "Q4_1": 5.0, "Q4_K": 4.625, "Q5_1": 6.0, "Q5_K": 6.0}
     assert packed.shape[2] * 8 / 512 == per_weight[type_name]
     dense = int_dot.dequantize(packed, torch.float32)
     want = halved(w)
     assert torch.equal(dense, torch.addcmul(want.bias.repeat_interleave(w.group, 1),
                                             want.scale.repeat_interleave(w.group, 1), w.q.float()))
-    exact = type_name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # their scales are the file's own float16s
+    exact = type_name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K")  # the file's own float16s (Q4_K: and bytes)
     assert torch.equal(dense, w.dequantize()) == exact
     if not exact:
         assert (dense - w.dequantize()).abs().max() <= w.dequantize().abs().max() * 2**-10
@@ -163,11 +166,31 @@ def test_symmetric_formats_give_the_bits_of_stored_biases(type_name: str) -> Non
         int_dot.pack(IntWeight(w.q, w.scale, w.bias, w.bits, w.group, wrong))
 
 
-def test_pack_in_chunks_equals_pack_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    w = weight("Q6_K", 96, 256, 7)
+@pytest.mark.parametrize("type_name", ["Q6_K", "Q4_K"])
+def test_pack_in_chunks_equals_pack_at_once(monkeypatch: pytest.MonkeyPatch, type_name: str) -> None:
+    w = weight(type_name, 96, 512, 7)
     whole = int_dot.pack(w)
+    raw = int_dot.pack_raw(random_raw(type_name, 96, 512, 7), type_name, (96, 512))
     monkeypatch.setattr(int_dot, "PACK_ROWS", 32)
-    assert torch.equal(int_dot.pack(w), whole)
+    assert torch.equal(int_dot.pack(w), whole) and torch.equal(raw, whole)
+
+
+def test_q4k_keeps_the_files_scales_and_rows() -> None:
+    """Q4_K as q4k: rows taken out of order (llama.cpp's Q/K order undone) keep their scales; the same
+    outputs as the q4 tiles of the same values where float16 holds d * sc exactly."""
+    w = weight("Q4_K", 48, 768, seed=3)
+    ks = w.kscales
+    assert ks is not None and ks.sc.dtype == torch.uint8 and int(ks.sc.max()) < 64
+    assert torch.equal(w.scale, ks.d.repeat_interleave(8, 1) * ks.sc.float())
+    assert torch.equal(w.bias, -ks.dmin.repeat_interleave(8, 1) * ks.m.float())
+    index = torch.randperm(48, generator=torch.Generator().manual_seed(0))
+    packed = int_dot.pack(w.rows(index))
+    assert int_dot.format_name(packed) == "q4k"
+    assert torch.equal(int_dot.dequantize(packed, torch.float32), w.dequantize()[index])
+    x = torch.randn(5, 768, generator=torch.Generator().manual_seed(1))
+    assert_matches(int_dot.linear(x, [packed]), x, w.rows(index), 1e-6)
+    with pytest.raises(RuntimeError, match="multiple of 256"):
+        int_dot.linear(torch.zeros(1, 224), [packed[:, :7].contiguous()])
 
 
 def portable_outputs() -> dict[str, torch.Tensor]:
