@@ -133,7 +133,7 @@ def test_one_op_at_real_widths_and_gqa(hidden: int, heads: int, kv_heads: int) -
     model = _real_shape_model(hidden, heads, kv_heads, torch.float32)
     op = model.decode_layers
     assert op is not None and not model.dense_linears
-    assert [p.shape[2] for p in model.layers[0].qkv.quant.parts] == [320, 320, 448]  # v: Q6_K, symmetric (q6s)
+    assert [p.shape[2] for p in model.layers[0].qkv.quant.parts] == [296, 296, 448]  # q, k: Q4_K (q4k); v: Q6_K, symmetric (q6s)
     a = model.arch
     pool = PagePool(16, PS, a.num_layers, a.num_kv_heads, a.head_dim, torch.float32)
     pages, n = [[3, 1, 6, 9, 2]], 13
