@@ -192,7 +192,7 @@ void hb_half(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, int 
 }
 
 // 16 ymm registers: passes of at most 4 rows (q4) or 2 (the others); a tile column's weights
-// (K/32 tiles of 320-576 bytes) stay in L1/L2 between the passes
+// (K/32 tiles of 288-576 bytes) stay in L1/L2 between the passes
 // q5/q6/q8: a pass of n <= 2 rows over NH halves from H0 (hb_half), by the format's high bits
 template <bool S, bool W, int NH, int H0>
 void hb_pass_of(const Activations& a, int64_t r0, int n, int64_t K, const uint8_t* w, Format f, float* o) {

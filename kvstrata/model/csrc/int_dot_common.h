@@ -3,7 +3,7 @@
 //
 // A weight is w = scale * q + bias per group, q unsigned (model/quant/blocks.py). It is held per block of
 // 16 output rows x 32 inputs (a "tile"), in one of four formats named by the bits of q:
-//   q4: low plane 256 B                 + 16 scales, 16 biases (float16)           = 320 B  (Q4_1, Q4_K)
+//   q4: low plane 256 B                 + 16 scales, 16 biases (float16)           = 320 B  (Q4_1)
 //   q5: low plane 256 B + high  64 B    + 16 scales, 16 biases                     = 384 B  (Q5_1, Q5_K)
 //   q6: low plane 256 B + high 128 B    + 2 x 16 scales, 2 x 16 biases (group 16)  = 512 B
 //   q8: low plane 256 B + high 256 B    + 16 scales, 16 biases                     = 576 B

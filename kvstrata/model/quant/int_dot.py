@@ -3,13 +3,13 @@
 `pack(w)` turns an `IntWeight` (blocks.py) into uint8 [N / 16, K / 32, tile bytes]: per tile of 16 output
 rows x 32 inputs, the low nibbles of q, its high bits (q5, q6, q8), then float16 scales and biases (none
 for a symmetric type, whose bias is -zero * scale: the "s" formats). It packs in chunks of rows, so the
-only full-size tensor it makes is the result. Tile bytes per 512 weights: q4 320 (5.0 bits a weight; the
-GGUF's Q4_K is 4.5), q5 384 (6.0; Q5_K 5.5), q4s 288 (4.5; Q4_0 4.5), q5s 352 (5.5; Q5_0 5.5), q6s 448
+only full-size tensor it makes is the result. Tile bytes per 512 weights: q4 320 (5.0 bits a weight;
+Q4_1 5.0), q5 384 (6.0; Q5_K 5.5), q4s 288 (4.5; Q4_0 4.5), q5s 352 (5.5; Q5_0 5.5), q6s 448
 (7.0; Q6_K 6.56), q8s 544 (8.5; Q8_0 8.5); q6 512 and q8 576 for asymmetric 6- and 8-bit values. Q4_K
 packs as q4k, 296 on average (4.625; Q4_K 4.5): a tile's 16 rows keep their 6-bit sc and m as bytes, and
 each run of 8 tiles (a super-block) its rows' float16 d and -dmin (csrc/int_dot_common.h).
-Scales and biases the GGUF stores as float16 (d, m) are exact; products such as Q4_K's d * sc take one
-float16 rounding (relative 2^-11, far below the 4-bit step).
+Scales and biases the GGUF stores as float16 (d, m) are exact, and so are q4k's products; Q5_K's d * sc
+takes one float16 rounding (relative 2^-11, far below the 5-bit step).
 `linear(x, parts)` runs several packed weights (a fused q/k/v or gate/up, each part of its own type) on x;
 `dequantize(packed, rows, out)` writes rows of one as dense values.
 """
