@@ -105,11 +105,6 @@ def pack(w: IntWeight) -> torch.Tensor:
     return out
 
 
-def _low_plane(q: torch.Tensor) -> torch.Tensor:
-    """q [n, k] (rows a multiple of 16) -> the low planes of its tiles, [n / 16, k / 32, 256] uint8."""
-    return _planes(q)[0].reshape(q.shape[0] // LANES, q.shape[1] // GROUP, 256)
-
-
 def _pack_q4k_rows(q: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: torch.Tensor,
                    m: torch.Tensor) -> torch.Tensor:
     """Q4_K rows -> q4k super-tiles: per 8 tiles (low plane, 16 sc bytes, 16 m bytes), then 16 float16 d
@@ -119,7 +114,8 @@ def _pack_q4k_rows(q: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: tor
     if k % (GROUP * SUPER_TILES):
         raise ValueError(f"cannot pack Q4_K of {k} inputs as q4k (a multiple of 256)")
     per_row = lambda t: t.view(rb, LANES, -1).permute(0, 2, 1)  # noqa: E731  [n, c] -> [rb, c, 16]
-    tiles = torch.cat([_low_plane(q), per_row(sc.to(torch.uint8)), per_row(m.to(torch.uint8))], dim=-1)
+    low = _plane(_tile_view(q) & 0x0F).reshape(rb, kb, 256)
+    tiles = torch.cat([low, per_row(sc.to(torch.uint8)), per_row(m.to(torch.uint8))], dim=-1)
     halves = torch.cat([per_row(d), per_row(-dmin)], dim=-1).to(torch.float16)  # [rb, k / 256, 32]
     if not torch.isfinite(halves).all():
         raise ValueError("cannot pack: a scale or bias overflows float16")
@@ -128,27 +124,26 @@ def _pack_q4k_rows(q: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: tor
     return supers.reshape(rb, kb, Q4K_BYTES)
 
 
-def _planes(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [n, k] -> its tiles' planes of q & 15 and of q >> 4, [n / 16, k / 32, 4, 64] each: vector v, byte
-    4i + b holds row i at input 4v + b in its low nibble and at 16 + 4v + b in its high one."""
-    n, k = q.shape
-    rb, kb = n // LANES, k // GROUP
-    # [row block, row i, k-block j, side (inputs 0-15 or 16-31), vector v, byte b] -> [rb, j, v, i, b]
-    q6 = q.view(rb, LANES, kb, 2, 4, 4)
+def _tile_view(q: torch.Tensor) -> torch.Tensor:
+    """q [n, k] as [row block, row i, k-block j, side (inputs 0-15 or 16-31), vector v, byte b]."""
+    return q.view(q.shape[0] // LANES, LANES, q.shape[1] // GROUP, 2, 4, 4)
 
-    def plane(t: torch.Tensor) -> torch.Tensor:  # side 0 in the low nibble, side 1 in the high one
-        return (t[:, :, :, 0] | (t[:, :, :, 1] << 4)).permute(0, 2, 3, 1, 4).reshape(rb, kb, 4, 4 * LANES)
 
-    return plane(q6 & 0x0F), plane(q6 >> 4)
+def _plane(t: torch.Tensor) -> torch.Tensor:
+    """Nibbles in `_tile_view`'s shape -> their tiles' plane [rb, kb, 4, 64]: vector v, byte 4i + b holds row i
+    at input 4v + b in its low nibble and at 16 + 4v + b in its high one."""
+    rb, _, kb = t.shape[:3]
+    return (t[:, :, :, 0] | (t[:, :, :, 1] << 4)).permute(0, 2, 3, 1, 4).reshape(rb, kb, 4, 4 * LANES)
 
 
 def _pack_rows(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, bits: int) -> torch.Tensor:
     _, high_bits, groups, _ = FORMATS[bits]
     n, k = q.shape
     rb, kb = n // LANES, k // GROUP
-    low, h = _planes(q)  # h: H[v]
-    parts = [low.reshape(rb, kb, 256)]
+    q6 = _tile_view(q)
+    parts = [_plane(q6 & 0x0F).reshape(rb, kb, 256)]
     if high_bits:
+        h = _plane(q6 >> 4)  # H[v]
         if high_bits == 2:
             h = h[:, :, 0::2] | (h[:, :, 1::2] << 2)
         elif high_bits == 1:
