@@ -41,6 +41,13 @@ class EngineSpec:
     install_hint: str
     startup_timeout_s: float
     prepare: Callable[[str], None] | None = None  # run with the gguf path before the server starts
+    pinned: tuple[str, ...] = ()  # what makes this engine itself: after --kvstrata-args, so they cannot undo it
+
+    def argv(self, port: int, gguf: str, extra: Sequence[str] = ()) -> list[str]:
+        """The server's command line: its command, the run's extra arguments (--kvstrata-args), then the
+        pinned ones (argparse takes the last: `--kvstrata-args "--speculative suffix"` must not make
+        kvstrata-nospec speculate)."""
+        return [*self.command(port, gguf), *extra, *self.pinned]
 
 
 def _kvstrata(port: int, gguf: str) -> list[str]:
@@ -97,11 +104,9 @@ VLLM_NGRAM = '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_ma
 
 ENGINES: dict[str, EngineSpec] = {
     "kvstrata": EngineSpec("kvstrata", _kvstrata, "", "", 300.0),
-    "kvstrata-nospec": EngineSpec("kvstrata-nospec", lambda port, gguf: [*_kvstrata(port, gguf), "--speculative", "off"],
-                                  "", "", 300.0),
+    "kvstrata-nospec": EngineSpec("kvstrata-nospec", _kvstrata, "", "", 300.0, pinned=("--speculative", "off")),
     # 16-bit integer activations (and prefill as without them): what --activation-bits auto ran before 8 bits
-    "kvstrata-act16": EngineSpec("kvstrata-act16", lambda port, gguf: [*_kvstrata(port, gguf), "--activation-bits", "16"],
-                                 "", "", 300.0),
+    "kvstrata-act16": EngineSpec("kvstrata-act16", _kvstrata, "", "", 300.0, pinned=("--activation-bits", "16")),
     "vllm": EngineSpec("vllm", _vllm, ".peers/vllm/bin/python", "run `make bench-peers`", 600.0, write_hf_copy),
     "vllm-ngram": EngineSpec("vllm-ngram", lambda port, gguf: [*_vllm(port, gguf), "--speculative-config", VLLM_NGRAM],
                              ".peers/vllm/bin/python", "run `make bench-peers`", 600.0, write_hf_copy),
@@ -125,7 +130,7 @@ class RunningServer:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = log_path.open("w")
         self.proc = subprocess.Popen(
-            [*spec.command(port, gguf), *extra_args], cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
+            spec.argv(port, gguf, extra_args), cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=pdeathsig_preexec,
         )
         self.log_path = log_path

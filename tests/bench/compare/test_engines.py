@@ -49,10 +49,11 @@ def test_every_engine_serves_the_compared_gguf(tmp_path: Path, monkeypatch: pyte
     assert vllm[vllm.index("--model") + 1] == str(engines.REPO / ".peers/llama-1b-hf") and not written
     assert engines.ENGINES["vllm"].prepare is engines.write_hf_copy
     assert engines.ENGINES["vllm-ngram"].prepare is engines.write_hf_copy
-    nospec = engines.ENGINES["kvstrata-nospec"].command(8400, "models/x.gguf")
-    assert nospec[:len(cmd)] == cmd and nospec[len(cmd):] == ["--speculative", "off"]
-    act16 = engines.ENGINES["kvstrata-act16"].command(8400, "models/x.gguf")
-    assert act16[len(cmd):] == ["--activation-bits", "16"]
+    nospec = engines.ENGINES["kvstrata-nospec"].argv(8400, "models/x.gguf", ["--speculative", "suffix", "--seed", "1"])
+    assert nospec == [*cmd, "--speculative", "suffix", "--seed", "1", "--speculative", "off"]  # the last one counts
+    act16 = engines.ENGINES["kvstrata-act16"].argv(8400, "models/x.gguf", ["--activation-bits", "8"])
+    assert act16[len(cmd):] == ["--activation-bits", "8", "--activation-bits", "16"]
+    assert engines.ENGINES["kvstrata"].argv(8400, "models/x.gguf", ["--seed", "1"]) == [*cmd, "--seed", "1"]
     ngram = engines.ENGINES["vllm-ngram"].command(8400, "models/x.gguf")
     assert json.loads(ngram[ngram.index("--speculative-config") + 1])["method"] == "ngram"
     engines.write_hf_copy(default_tokenizer())  # the default model's copy comes from `make bench-peers`
