@@ -145,6 +145,25 @@ def test_bad_inputs_are_refused() -> None:
         int_dot.pack(big)
 
 
+@pytest.mark.parametrize("rows", [3, 9, 16, 21])  # passes of 3, of 4 + 4 + 1 (in registers); 16, 21: the column rebuilt
+def test_q8_rows_on_signed_bytes_give_the_bits_of_one_row(rows: int) -> None:
+    """Q8_0 at 8-bit activations, 3 rows or more: q as signed bytes q - 128 times the sign trick
+    (csrc/int_dot_q8_bytes.h), rebuilt in registers a pass or, from 16 rows, once for the tile column; a
+    row alone takes the nibble planes. The same integers, so the same bits, at the bounds too: q = 0 and
+    255 (|q - 128| up to 128) against blocks of +-127 (pairs of products at 32,512, under int16's 32,767)."""
+    w = weight("Q8_0", 32, 2048, seed=rows)
+    w.q[0], w.q[1], w.q[2, ::2] = 0, 255, 0
+    packed = int_dot.pack(w)
+    x = torch.randn(rows, 2048, generator=torch.Generator().manual_seed(rows))
+    x[0] = 3.0  # every block at +127
+    x[1, :1024], x[1, 1024:] = -2.0, 5.0
+    x[2, :32] = 0.0
+    got = int_dot.linear(x, [packed], 8)
+    assert_matches(got, x, w, 1e-6, bits=8)
+    assert torch.equal(torch.cat([int_dot.linear(x[i:i + 1], [packed], 8) for i in range(rows)]), got)
+    assert torch.equal(int_dot.linear(x, [packed, packed], 8), torch.cat([got, got], dim=1))  # columns on
+
+
 @pytest.mark.parametrize("type_name", sorted(SYMMETRIC))
 def test_symmetric_formats_give_the_bits_of_stored_biases(type_name: str) -> None:
     """Q4_0, Q5_0, Q6_K, Q8_0 pack without biases (bias = scale * -zero in the kernels): the same outputs,
