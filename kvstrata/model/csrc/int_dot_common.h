@@ -116,7 +116,7 @@ struct Activations {  // x quantized per row and block of 32: x = scale * (256 h
   std::vector<float> scale, sum;  // [rows, K / 32]: the scale, the float sum of the block's x
   std::vector<float> sum16;  // [rows, K / 16]: the sums of each half block (q6's groups)
   bool wide = true;  // 16-bit integers (hi and lo), or 8-bit (lo only; the kernels skip hi)
-  std::vector<int32_t> isum;  // [rows, K / 32]: the sum of the block's lo bytes (8 bits: of its integers)
+  std::vector<int32_t> isum;  // 8 bits: [rows, K / 32], the sum of the block's integers (q8 on signed bytes)
 };
 
 // The float sums of a block of 32 in one fixed order (vector and portable code alike, so every form
@@ -128,6 +128,7 @@ inline float sum8(const float* v) {
 
 // one block of 32 values -> its scale, sums and 16-bit integers as hi/lo bytes (wide), or 8-bit ones
 // in lo with hi 0 (scale = max |x| / 127, as llama.cpp's Q8 activations, per block of 32)
+// (isum: the 8-bit integers' sum; left alone when wide)
 inline void quantize_block(const float* xb, float& scale, float& sum, float* half, int8_t* hi, int8_t* lo, int32_t& isum,
                            bool wide) {
   const float bound = wide ? kMax16 : kMax8;
@@ -163,10 +164,12 @@ inline void quantize_block(const float* xb, float& scale, float& sum, float* hal
   };
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi), bytes(h));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo), bytes(l));
-  alignas(32) int32_t ls[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(ls), _mm256_add_epi32(_mm256_add_epi32(l[0], l[1]), _mm256_add_epi32(l[2], l[3])));
-  isum = 0;
-  for (int32_t v : ls) isum += v;
+  if (!wide) {
+    alignas(32) int32_t ls[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(ls), _mm256_add_epi32(_mm256_add_epi32(l[0], l[1]), _mm256_add_epi32(l[2], l[3])));
+    isum = 0;
+    for (int32_t v : ls) isum += v;
+  }
 #else
   float amax = 0.f, a[8], b[8];
   for (int t = 0; t < kGroup; ++t) amax = std::max(amax, std::fabs(xb[t]));
@@ -184,8 +187,10 @@ inline void quantize_block(const float* xb, float& scale, float& sum, float* hal
     hi[t] = static_cast<int8_t>(h);
     lo[t] = static_cast<int8_t>(x16 - 256 * h);
   }
-  isum = 0;
-  for (int t = 0; t < kGroup; ++t) isum += lo[t];
+  if (!wide) {
+    isum = 0;
+    for (int t = 0; t < kGroup; ++t) isum += lo[t];
+  }
 #endif
 }
 
@@ -193,9 +198,10 @@ template <typename scalar_t>
 Activations quantize(const scalar_t* x, int64_t rows, int64_t K, bool wide) {
   const int64_t nb = K / kGroup;
   Activations a{std::vector<int8_t>(rows * K), std::vector<int8_t>(rows * K), std::vector<float>(rows * nb),
-                std::vector<float>(rows * nb), std::vector<float>(rows * nb * 2), wide, std::vector<int32_t>(rows * nb)};
+                std::vector<float>(rows * nb), std::vector<float>(rows * nb * 2), wide, std::vector<int32_t>(wide ? 0 : rows * nb)};
   at::parallel_for(0, rows, 16, [&](int64_t first, int64_t last) {  // a prefill's rows over the threads
     float block[kGroup];
+    int32_t unused = 0;  // isum of a wide block
     for (int64_t r = first; r < last; ++r) {
       for (int64_t j = 0; j < nb; ++j) {
         const scalar_t* xb = x + r * K + j * kGroup;
@@ -206,7 +212,7 @@ Activations quantize(const scalar_t* x, int64_t rows, int64_t K, bool wide) {
           for (int t = 0; t < kGroup; ++t) block[t] = static_cast<float>(xb[t]);
         }
         const int64_t at = r * nb + j, off = r * K + j * kGroup;
-        quantize_block(f, a.scale[at], a.sum[at], &a.sum16[2 * at], &a.hi[off], &a.lo[off], a.isum[at], wide);
+        quantize_block(f, a.scale[at], a.sum[at], &a.sum16[2 * at], &a.hi[off], &a.lo[off], wide ? unused : a.isum[at], wide);
       }
     }
   });

@@ -42,8 +42,9 @@ namespace {
 using namespace kvstrata_int_dot;
 
 constexpr int kMaxRows = 8;  // activation rows per q4 pass
-// q8 at 8-bit activations on signed bytes (int_dot_q8_bytes.h): from kQ8SignedRows rows each pass rebuilds
-// them in registers, from kQ8BuiltRows each tile column is rebuilt once a call for all its rows. Against the
+// q8 at 8-bit activations on signed bytes (int_dot_q8_bytes.h): tiles() given kQ8SignedRows rows or more
+// (of a call's runs of kMaxRows) rebuilds them in registers a pass; a call of kQ8BuiltRows rows or more
+// rebuilds each tile column once for all of them (run()). Against the
 // nibble planes (hb_half), 1B shapes' linears on the Zen 3 EPYC, in-process, 2026-12-04: in registers 0.98-1.04x
 // at 2 rows, 1.15-1.21x at 3-256; the column rebuilt 0.64-0.80x at 2 rows, 0.86-1.04x at 4, 1.05-1.22x at
 // 8, 1.18-1.26x at 16, 1.32-1.39x at 64-256.
@@ -130,6 +131,11 @@ void tiles(const Activations& a, int64_t r0, int R, int64_t K, const uint8_t* w,
   }
 #endif
 #if KVSTRATA_AVX2
+  if (!a.wide && f.high_bits == 4 && R >= kQ8SignedRows) {  // q8 on signed bytes, rebuilt in registers
+    f.symmetric ? q8_bytes_passes<true, false>(a, r0, R, K, w, nullptr, out)
+                : q8_bytes_passes<false, false>(a, r0, R, K, w, nullptr, out);
+    return;
+  }
   a.wide ? avx2_tiles<true>(a, r0, R, K, w, f, out) : avx2_tiles<false>(a, r0, R, K, w, f, out);
 #else
   portable_tiles(a, r0, R, K, w, f, out);
@@ -157,8 +163,7 @@ void run(const at::Tensor& x, const std::vector<at::Tensor>& parts, at::Tensor& 
       const Format f = formats[p];
       const uint8_t* w = parts[p].data_ptr<uint8_t>() + (c - first_tile[p]) * (K / kGroup) * f.bytes();
 #if KVSTRATA_AVX2
-      const bool q8 = !wide && f.high_bits == 4;
-      const bool q8_built = q8 && rows >= kQ8BuiltRows, q8_regs = q8 && !q8_built && rows >= kQ8SignedRows;
+      const bool q8_built = !wide && f.high_bits == 4 && rows >= kQ8BuiltRows;  // the column rebuilt once
       if (q8_built) {
         q8_bytes.resize((K / kGroup) * kQ8Bytes);
         q8_column_bytes(w, K / kGroup, f, q8_bytes.data());
@@ -170,9 +175,6 @@ void run(const at::Tensor& x, const std::vector<at::Tensor>& parts, at::Tensor& 
         if (q8_built) {
           f.symmetric ? q8_bytes_passes<true, true>(a, r0, R, K, w, q8_bytes.data(), tile)
                       : q8_bytes_passes<false, true>(a, r0, R, K, w, q8_bytes.data(), tile);
-        } else if (q8_regs) {
-          f.symmetric ? q8_bytes_passes<true, false>(a, r0, R, K, w, nullptr, tile)
-                      : q8_bytes_passes<false, false>(a, r0, R, K, w, nullptr, tile);
         } else {
           tiles(a, r0, R, K, w, f, tile);
         }

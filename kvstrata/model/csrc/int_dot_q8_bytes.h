@@ -1,6 +1,6 @@
 // The AVX2 form of q8 tiles (Q8_0's q8s, and q8) at 8-bit activations for a batch of rows, beside
 // int_dot_avx2.h's hb_half (whose LOADU, HALVES, biases and prefetch it uses); int_dot_linear.cpp's run()
-// calls it from kQ8SignedRows rows.
+// and tiles() call it from kQ8SignedRows rows.
 #pragma once
 
 #include "int_dot_avx2.h"
@@ -19,24 +19,6 @@ namespace kvstrata_int_dot {
 constexpr int64_t kQ8Bytes = 512;  // a rebuilt tile: per v and half h, 32 bytes of inputs 4v.., then 16 + 4v..
 constexpr int kQ8Rows = 4;         // rows a q8_bytes pass (8 int32 accumulators; 2 rows a pass: 1.2x slower)
 
-inline void q8_column_bytes(const uint8_t* w, int64_t nb, Format f, int8_t* out) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m4h = _mm256_set1_epi8(static_cast<char>(0xF0));
-  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  for (int64_t j = 0; j < nb; ++j) {
-    const uint8_t* wb = w + j * f.bytes();
-    int8_t* o = out + j * kQ8Bytes;
-    for (int v = 0; v < 4; ++v) {
-      for (int h = 0; h < 2; ++h) {
-        const __m256i raw = LOADU(wb + 64 * v + 32 * h), H = LOADU(wb + kLowBytes + 64 * v + 32 * h);
-        const __m256i qa = _mm256_or_si256(_mm256_and_si256(raw, m4), _mm256_slli_epi16(_mm256_and_si256(H, m4), 4));
-        const __m256i qb = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4), _mm256_and_si256(H, m4h));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 128 * v + 64 * h), _mm256_xor_si256(qa, flip));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 128 * v + 64 * h + 32), _mm256_xor_si256(qb, flip));
-      }
-    }
-  }
-}
-
 // the signed bytes of v, half h of tile wb: from the rebuilt column (wt: its tile) or from the planes
 template <bool Built>
 inline void q8_signed(const uint8_t* wb, const int8_t* wt, int v, int h, __m256i& wa, __m256i& wb2) {
@@ -52,6 +34,21 @@ inline void q8_signed(const uint8_t* wb, const int8_t* wt, int v, int h, __m256i
   }
 }
 
+// the tile column at w rebuilt as signed bytes into out (kQ8Bytes a tile), for all the rows of a call
+inline void q8_column_bytes(const uint8_t* w, int64_t nb, Format f, int8_t* out) {
+  for (int64_t j = 0; j < nb; ++j) {
+    int8_t* o = out + j * kQ8Bytes;
+    for (int v = 0; v < 4; ++v) {
+      for (int h = 0; h < 2; ++h) {
+        __m256i wa, wb;
+        q8_signed<false>(w + j * f.bytes(), nullptr, v, h, wa, wb);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 128 * v + 64 * h), wa);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 128 * v + 64 * h + 32), wb);
+      }
+    }
+  }
+}
+
 // out[r][i] for N <= kQ8Rows rows from r0 of one q8 tile column (w: its tiles, for the scales; Built: wq is
 // the column rebuilt by q8_column_bytes, else each pass rebuilds in registers); 8-bit activations only
 template <int N, bool S, bool Built>
@@ -62,14 +59,15 @@ void q8_bytes_pass(const Activations& a, int64_t r0, int64_t K, const uint8_t* w
   for (int r = 0; r < N; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t j = 0; j < nb; ++j) {
+    const uint8_t* tile = w + j * f.bytes();
     const int8_t* t = Built ? wq + j * kQ8Bytes : nullptr;
-    if constexpr (!Built) prefetch_ahead(w + j * f.bytes(), f.bytes());
+    if constexpr (!Built) prefetch_ahead(tile, f.bytes());
     __m256i d[N][2];
     for (int r = 0; r < N; ++r) d[r][0] = d[r][1] = _mm256_setzero_si256();
     for (int v = 0; v < 4; ++v) {
       for (int h = 0; h < 2; ++h) {
         __m256i wa, wb;
-        q8_signed<Built>(w + j * f.bytes(), t, v, h, wa, wb);
+        q8_signed<Built>(tile, t, v, h, wa, wb);
         const __m256i aa = _mm256_abs_epi8(wa), ab = _mm256_abs_epi8(wb);
         for (int r = 0; r < N; ++r) {
           const int8_t* xl = a.lo.data() + (r0 + r) * K + j * kGroup;
@@ -80,7 +78,7 @@ void q8_bytes_pass(const Activations& a, int64_t r0, int64_t K, const uint8_t* w
         }
       }
     }
-    const uint8_t* sp = w + j * f.bytes() + kLowBytes + f.high_bytes();
+    const uint8_t* sp = tile + kLowBytes + f.high_bytes();
     for (int r = 0; r < N; ++r) {
       const int64_t at = (r0 + r) * nb + j;
       const __m256 sx = _mm256_set1_ps(a.scale[at]);

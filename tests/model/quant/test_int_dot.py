@@ -145,7 +145,7 @@ def test_bad_inputs_are_refused() -> None:
         int_dot.pack(big)
 
 
-@pytest.mark.parametrize("rows", [3, 9, 16, 21])  # passes of 3, of 4 + 4 + 1 (in registers); 16, 21: the column rebuilt
+@pytest.mark.parametrize("rows", [3, 9, 16, 21])  # 3, 8 of 9: in registers (9th: planes); 16, 21: the column rebuilt
 def test_q8_rows_on_signed_bytes_give_the_bits_of_one_row(rows: int) -> None:
     """Q8_0 at 8-bit activations, 3 rows or more: q as signed bytes q - 128 times the sign trick
     (csrc/int_dot_q8_bytes.h), rebuilt in registers a pass or, from 16 rows, once for the tile column; a
