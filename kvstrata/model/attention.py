@@ -131,6 +131,8 @@ class TorchSDPABackend:
     ) -> torch.Tensor:
         if meta.pure_decode(q.shape[0]):
             return self._decode(q, k_cache, v_cache, meta)  # pure decode step: no scatter needed
+        if len(meta.prefill) == 1 and meta.decode_rows is None and meta.prefill[0].q_len == q.shape[0]:
+            return self._prefill(q, k_cache, v_cache, meta.prefill[0], meta.page_size)  # no second [T, H, D]
         out = torch.empty_like(q)
         for seq in meta.prefill:
             rows = slice(seq.q_start, seq.q_start + seq.q_len)

@@ -25,6 +25,19 @@ from kvstrata.model.quant.blocks import IntWeight
 from kvstrata.model.quant.gguf_rows import GgufRows
 from kvstrata.model.rope import rope_tables
 
+CHUNK_BYTES = 8 << 20  # the [rows, 2I] gate/up activations a wide integer-kernel step holds at once ...
+CHUNK_MIN_ROWS = 128  # ... in chunks of at least this many rows (each chunk reads the layer's weights again)
+
+
+def chunk_rows(intermediate: int, elem: int) -> int:
+    """Rows a wide integer-kernel step runs its row-wise parts in (`LlamaModel._layers`): a multiple of 16."""
+    return max(CHUNK_MIN_ROWS, CHUNK_BYTES // (2 * intermediate * elem) // 16 * 16)
+
+
+def chunks(total: int, rows: int) -> list[slice]:
+    """[0, total) in slices of `rows` (the last shorter)."""
+    return [slice(r0, min(r0 + rows, total)) for r0 in range(0, total, rows)]
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dtype = x.dtype
@@ -163,20 +176,35 @@ class LlamaModel:
         v_cache.index_copy_(0, slots, v)
         return qk[:, :H]
 
-    def _mlp(self, x: torch.Tensor, h: torch.Tensor, li: int, narrow: bool) -> torch.Tensor:
-        """Layer li's MLP on h, added to x in place; returns the next layer's normed input (else h)."""
+    def _mlp(self, x: torch.Tensor, h: torch.Tensor, li: int, narrow: bool, rows: int) -> torch.Tensor:
+        """Layer li's MLP on h, added to x in place; returns the next layer's normed input (else h),
+        written over h chunk by chunk where the step runs in chunks of `rows` (`_layers`)."""
         lw = self.layers[li]
+        norm = self.layers[li + 1].input_norm if li + 1 < len(self.layers) else None
+        T = h.shape[0]
+        if rows >= T:
+            mlp = self._mlp_out(lw, h, narrow)
+            if norm is not None:
+                return self._add_norm(x, mlp, norm)
+            x.add_(mlp)
+            return h
+        for r in chunks(T, rows):  # chunk r's rows of h are read once, then take the next layer's input
+            mlp = self._mlp_out(lw, h[r], narrow)
+            if norm is not None:
+                h[r] = self._add_norm(x[r], mlp, norm)
+            else:
+                x[r].add_(mlp)
+        return h
+
+    def _mlp_out(self, lw: LayerWeights, h: torch.Tensor, narrow: bool) -> torch.Tensor:
         gate_up = lw.gate_up(h, narrow, self._scratch)  # [T, 2I]
         if self.fused_silu:
             act = cpu_kernels.silu_mul(gate_up)
         else:
             gate, up = gate_up.chunk(2, dim=-1)
             act = F.silu(gate) * up
-        mlp = lw.down(act, narrow, self._scratch)
-        if li + 1 < len(self.layers):
-            return self._add_norm(x, mlp, self.layers[li + 1].input_norm)
-        x.add_(mlp)
-        return h
+        del gate_up
+        return lw.down(act, narrow, self._scratch)
 
     @torch.inference_mode()
     def forward(
@@ -192,26 +220,47 @@ class LlamaModel:
         cos_t, sin_t = self.cos[positions], self.sin[positions]  # [T, D]
         x = self.embedding(input_ids)  # [T, hidden]: the residual stream, added to in place
         narrow = T <= self.q4_max_rows or (T <= self.decode_max_rows and meta.pure_decode(T))
-        h = self._norm(x, self.layers[0].input_norm)
         if narrow and self.decode_layers is not None and self.decode_layers.applies(meta, T):
-            self.decode_layers.run(x, h, k_cache, v_cache, cos_t, sin_t, meta)
+            self.decode_layers.run(x, self._norm(x, self.layers[0].input_norm), k_cache, v_cache, cos_t, sin_t, meta)
         else:
-            self._layers(x, h, cos_t, sin_t, meta, k_cache, v_cache, narrow or self.int_prefill)
+            self._layers(x, cos_t, sin_t, meta, k_cache, v_cache, narrow or self.int_prefill)
         return self.head(self._norm(x[logit_rows], self.norm), narrow)
 
-    def _layers(self, x: torch.Tensor, h: torch.Tensor, cos_t: torch.Tensor, sin_t: torch.Tensor,
-                meta: AttentionMetadata, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor], narrow: bool) -> None:
-        """Every layer on x (the residual stream, updated in place) from h, the first layer's normed input."""
-        arch = self.arch
-        H, Hkv, D = arch.num_heads, arch.num_kv_heads, arch.head_dim
+    def _layers(self, x: torch.Tensor, cos_t: torch.Tensor, sin_t: torch.Tensor, meta: AttentionMetadata,
+                k_cache: list[torch.Tensor], v_cache: list[torch.Tensor], narrow: bool) -> None:
+        """Every layer on x (the residual stream, updated in place).
+        On the integer-dot kernels (narrow) a step wider than `chunk_rows` runs each row-wise part
+        (q/k/v with RoPE and the K/V write, the o projection with its norm, the MLP) in chunks of that
+        many rows, attention on all rows at once: a row's result is the same bits (rows are independent
+        there), and the step holds a few MiB of those activations at a time instead of ~300 MiB a layer
+        for a 2k-token step of a 2048-wide model, which glibc's heap would keep (peak RSS)."""
+        H, D = self.arch.num_heads, self.arch.head_dim
         T = x.shape[0]
-        cos, sin = cos_t.unsqueeze(1), sin_t.unsqueeze(1)  # [T, 1, D]
+        rows = chunk_rows(self.arch.intermediate_size, x.element_size()) if narrow else T
+        h = self._norm(x, self.layers[0].input_norm)
+        q_rows = torch.empty((T, H, D), dtype=x.dtype, device=x.device) if rows < T else None  # every layer's q
         for li, lw in enumerate(self.layers):
-            qkv = lw.qkv(h, narrow, self._scratch)  # [T, (H + 2 Hkv) * D]
-            if self.fused_ops and lw.q_norm is None:  # RoPE + the K/V write in one op
-                q = cpu_kernels.rope_store(qkv, cos_t, sin_t, k_cache[li], v_cache[li], meta.slot_mapping, H, Hkv)
+            if q_rows is None:
+                q = self._qkv_rope(h, lw, li, cos_t, sin_t, k_cache, v_cache, meta.slot_mapping, narrow)
+                o = self.attention.forward(q, k_cache[li], v_cache[li], meta).reshape(T, H * D)
+                del q
+                h = self._add_norm(x, lw.o(o, narrow, self._scratch), lw.post_norm)
             else:
-                q = self._rope_store(qkv, cos, sin, lw, k_cache[li], v_cache[li], meta.slot_mapping)
-            o = self.attention.forward(q, k_cache[li], v_cache[li], meta)  # [T, H, D]
-            h = self._add_norm(x, lw.o(o.reshape(T, H * D), narrow, self._scratch), lw.post_norm)
-            h = self._mlp(x, h, li, narrow)
+                for r in chunks(T, rows):
+                    q_rows[r] = self._qkv_rope(h[r], lw, li, cos_t[r], sin_t[r], k_cache, v_cache,
+                                               meta.slot_mapping[r], narrow)
+                o = self.attention.forward(q_rows, k_cache[li], v_cache[li], meta).reshape(T, H * D)
+                for r in chunks(T, rows):  # h's rows are spent (q/k/v above): they take the MLP's input
+                    h[r] = self._add_norm(x[r], lw.o(o[r], narrow, self._scratch), lw.post_norm)
+            del o
+            h = self._mlp(x, h, li, narrow, rows)
+
+    def _qkv_rope(self, h: torch.Tensor, lw: LayerWeights, li: int, cos_t: torch.Tensor, sin_t: torch.Tensor,
+                  k_cache: list[torch.Tensor], v_cache: list[torch.Tensor], slots: torch.Tensor,
+                  narrow: bool) -> torch.Tensor:
+        """Rows h [T, hidden] -> q [T, H, D] with RoPE; their k (rotated) and v written to the cache rows `slots`."""
+        H, Hkv = self.arch.num_heads, self.arch.num_kv_heads
+        qkv = lw.qkv(h, narrow, self._scratch)  # [T, (H + 2 Hkv) * D]
+        if self.fused_ops and lw.q_norm is None:  # RoPE + the K/V write in one op
+            return cpu_kernels.rope_store(qkv, cos_t, sin_t, k_cache[li], v_cache[li], slots, H, Hkv)
+        return self._rope_store(qkv, cos_t.unsqueeze(1), sin_t.unsqueeze(1), lw, k_cache[li], v_cache[li], slots)

@@ -112,3 +112,57 @@ def test_a_cpu_where_onednn_refuses_bf16_keeps_plain_weights(tmp_path: Path) -> 
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-3:] == ["False", "True", "True"]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("lens", [(40,), (23, 17)])
+def test_a_wide_integer_step_in_row_chunks_gives_the_bits_of_one_pass(
+        tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, fused: bool, lens: tuple[int, ...]) -> None:
+    """A wide step on the integer-dot kernels runs q/k/v, the o projection and the MLP in row chunks
+    (peak RSS): every logit and every K/V slot it writes are the bits of the whole step in one pass, for
+    one prompt or two, with our fused ops or torch's."""
+    from quant_support import quantize_linears
+
+    from kvstrata.model import cpu_kernels, llama
+
+    assert cpu_kernels.load_kernels()
+    w = load_weights(tiny_model_dir)
+    a = w.arch
+    tiles, _, dense_w = quantize_linears(w.tensors, lambda n: "Q8_0" if "v_proj" in n else "Q4_1")
+    model = LlamaModel(a, dense_w, torch.float32, torch.device("cpu"), make_attention_backend("torch_sdpa"),
+                       tiles=tiles, q4_max_rows=1, fused_ops=fused, act_bits=8, int_prefill=True)
+    ps, T = 4, sum(lens)
+    ids = torch.randint(0, a.vocab_size, (T,), generator=torch.Generator().manual_seed(3))
+    calls: list[int] = []
+    qkv_rope = model._qkv_rope
+
+    def counted(h: torch.Tensor, *args: Any) -> torch.Tensor:
+        calls.append(h.shape[0])
+        return qkv_rope(h, *args)
+
+    monkeypatch.setattr(model, "_qkv_rope", counted)
+
+    def run() -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        pool = PagePool(32, ps, a.num_layers, a.num_kv_heads, a.head_dim, torch.float32)
+        seqs, positions, start, page = [], [], 0, 1
+        for n in lens:  # each prompt on its own pages, from page 1
+            npages = -(-n // ps)
+            seqs.append(PrefillSeq(start, n, n, torch.arange(page, page + npages)))
+            positions.append(torch.arange(n))
+            start, page = start + n, page + npages
+        slots = torch.cat([s.pages.repeat_interleave(ps)[:s.q_len] * ps + torch.arange(s.q_len) % ps for s in seqs])
+        meta = AttentionMetadata(ps, slots, seqs)
+        logits = model.forward(ids, torch.cat(positions), meta, pool.k, pool.v, torch.arange(T))
+        return logits, pool.k, pool.v
+
+    monkeypatch.setattr(llama, "CHUNK_BYTES", 0)
+    monkeypatch.setattr(llama, "CHUNK_MIN_ROWS", 16)
+    chunked = run()
+    assert calls == [16, 16, T - 32] * a.num_layers  # the last chunk shorter
+    calls.clear()
+    monkeypatch.setattr(llama, "CHUNK_MIN_ROWS", 1 << 20)
+    whole = run()
+    assert calls == [T] * a.num_layers
+    assert torch.equal(chunked[0], whole[0])
+    for got, want in zip(chunked[1] + chunked[2], whole[1] + whole[2]):
+        assert torch.equal(got, want)
