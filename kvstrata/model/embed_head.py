@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvstrata.model.quant.gguf_rows import GgufRows
+from kvstrata.model.quant.gguf_rows import READ_MIN_ROWS, GgufRows
 from kvstrata.model.quant.int8_head import Int8Head, int8_head_supported
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
@@ -26,7 +26,8 @@ class Embedding:
         if self.dense is not None:
             return F.embedding(ids, self.dense)
         assert self.rows is not None
-        return self.rows(ids.cpu(), self.dtype).to(ids.device)
+        read = self.rows.read if ids.numel() > READ_MIN_ROWS else self.rows  # a prompt's rows: not mapped
+        return read(ids.cpu(), self.dtype).to(ids.device)
 
 
 class Head:

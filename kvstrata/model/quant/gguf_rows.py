@@ -3,7 +3,7 @@ tokens, and the LM head's rows of each step's top candidates (their logits recom
 
 A model that keeps no dense embedding holds nothing of it but the file mapping, as llama.cpp does: the
 operating system pages in the rows that are read (a step's few tokens) and can drop them again; a
-prompt's many rows are read from the file instead (`GgufRows._read`), so they never enter RSS.
+prompt's many rows are read from the file instead (`GgufRows.read`), so they never enter RSS.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import torch
 
 from kvstrata.model.quant.converted_cache import ConvertedCache
 
-READ_MIN_ROWS = 64  # more rows than this (a prompt's embedding) are read from the file; fewer (a decode step's
-# tokens, the head's candidates) through the map, whose pages stay mapped for the next steps
+READ_MIN_ROWS = 64  # a step's embedding of more tokens than this (a prompt) is read from the file (`read`);
+# fewer (decode rows), and the head's candidate rows, through the map, whose pages stay mapped for later steps
 
 
 class GgufRows:
@@ -30,15 +30,18 @@ class GgufRows:
         self._path, self._offset = path, offset
 
     def __call__(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """[n, columns] in `dtype` for the rows `ids` [n] (any integer tensor)."""
-        at = ids.to(torch.int64).numpy()
-        raw = self._raw[at] if at.size <= READ_MIN_ROWS else self._read(at)  # copies those rows only
+        """[n, columns] in `dtype` for the rows `ids` [n] (any integer tensor), through the map."""
+        raw = self._raw[ids.to(torch.int64).numpy()]  # copies those rows only
         return self.decode(raw, dtype)
 
+    def read(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """As calling it, but read from the file with pread, not through the map: the kernel maps the
+        64 KiB around each row a map fault reads, so a 2k-token prompt of distinct tokens left 54 MiB of
+        a 1B model's embedding in RSS; read, the rows stay in the page cache only."""
+        at = ids.to(torch.int64).numpy()
+        return self.decode(self._read(at) if at.size else self._raw[at], dtype)
+
     def _read(self, at: np.ndarray) -> np.ndarray:
-        """The rows `at` read from the file, not through the map: the kernel maps the 64 KiB around each
-        row a map fault reads, so a 2k-token prompt of distinct tokens left 54 MiB of a 1B model's
-        embedding in RSS; read, they stay in the page cache only."""
         if not (0 <= at.min() and at.max() < self.shape[0]):
             raise IndexError(f"row ids outside [0, {self.shape[0]})")
         rows, inverse = np.unique(at, return_inverse=True)
