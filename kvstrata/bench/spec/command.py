@@ -26,7 +26,9 @@ from kvstrata.bench.client import ChatClient, ChatResult
 from kvstrata.bench.report import percentile
 from kvstrata.bench.spec.workload import KINDS, EditConfig, Turn, generate_edit
 
-DEFAULT_MAX_TOKENS = 384
+# a reply is the whole document sent back: by default its cap is the largest document (--doc-tokens MAX, a
+# character estimate) plus a quarter for the tokenizer's own count and the edits, plus the fences
+REPLY_SLACK_TOKENS = 128
 # counters a server exposes for speculation: (drafted tokens, accepted tokens, verify steps or drafts)
 SPEC_SERIES = {
     "kvstrata": ("kvstrata:spec_decode_draft_tokens_total", "kvstrata:spec_decode_accepted_tokens_total",
@@ -41,9 +43,10 @@ def add_edit_workload_args(parser: argparse.ArgumentParser) -> argparse._Argumen
     group.add_argument("--edit-sessions", type=int, default=6,
                        help="sessions at once; kinds rotate code, json, tool (default: %(default)s)")
     group.add_argument("--edit-turns", type=int, default=3, help="turns per session (default: %(default)s)")
-    group.add_argument("--edit-max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+    group.add_argument("--edit-max-tokens", type=int, default=None,
                        help="max_tokens of every reply (a document sent back; --max-tokens does not apply here) "
-                            "(default: %(default)s)")
+                            "(default: room for the largest document whole, 5/4 of --doc-tokens MAX + "
+                            f"{REPLY_SLACK_TOKENS})")
     group.add_argument("--doc-tokens", default="300-1500",
                        help="document size range in tokens, MIN-MAX (default: %(default)s)")
     return group
@@ -64,10 +67,18 @@ def edit_config(args: argparse.Namespace) -> EditConfig:
     if args.request_rate is not None:
         raise ValueError("--request-rate: the edit workload is closed-loop (sessions send each turn after the last "
                          "reply); use --concurrency")
+    if args.edit_max_tokens is None:
+        args.edit_max_tokens = reply_cap(config)
     if args.edit_max_tokens < 1:
         raise ValueError(f"--edit-max-tokens must be >= 1 (got {args.edit_max_tokens})")
     check_client_arguments(args)
     return config
+
+
+def reply_cap(config: EditConfig) -> int:
+    """The default max_tokens: room for the largest document sent back whole (a reply cut short measures
+    the prompt's prefill more than the copy that speculation speeds up)."""
+    return config.doc_tokens[1] * 5 // 4 + REPLY_SLACK_TOKENS
 
 
 def scrape_spec(url: str) -> dict[str, float]:

@@ -10,7 +10,7 @@ import pytest
 from _fake_openai_peer import FakePeer
 
 from kvstrata.bench.cli import add_bench_parser, run_bench
-from kvstrata.bench.spec.command import spec_summary
+from kvstrata.bench.spec.command import REPLY_SLACK_TOKENS, spec_summary
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -32,6 +32,15 @@ def test_bench_spec_command(fake_peer: FakePeer, tmp_path: Path) -> None:
     assert report["spec"]["mean_accepted_per_step"] is None  # the double exposes no speculation counters
     assert {body["max_tokens"] for body in fake_peer.requests} == {50}
     assert all(body["temperature"] == 0 for body in fake_peer.requests)
+
+
+def test_a_reply_has_room_for_the_largest_document_by_default(fake_peer: FakePeer, tmp_path: Path) -> None:
+    fake_peer.reset()
+    args = parse(["--url", fake_peer.url, "--model", "ok", "--edit-sessions", "2", "--edit-turns", "1",
+                  "--doc-tokens", "100-400", "--output", str(tmp_path / "edit.json")])
+    assert run_bench(args) == 0
+    assert {body["max_tokens"] for body in fake_peer.requests} == {400 * 5 // 4 + REPLY_SLACK_TOKENS}
+    assert json.loads((tmp_path / "edit.json").read_text())["meta"]["max_tokens"] == 628
 
 
 def test_speculation_counters_of_kvstrata_and_vllm() -> None:
