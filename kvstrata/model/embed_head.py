@@ -1,7 +1,7 @@
 """The token embedding and the LM head, dense or read from the GGUF file.
 
 A dense model holds both as [V, hidden] tensors (one, when tied). A GGUF loaded without dense copies
-holds the embedding as rows of the mapped file (quant/gguf_rows.py: a step reads its tokens' rows) and
+holds the embedding as rows of the file (quant/gguf_rows.py: a step reads its tokens' rows) and
 the head as int8 (quant/int8_head.py) whose top candidates per row are rescored from the file's rows.
 Narrow steps of a quantized model use the int8 head either way; wide steps use the dense head when
 there is one.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvstrata.model.quant.gguf_rows import READ_MIN_ROWS, GgufRows
+from kvstrata.model.quant.gguf_rows import GgufRows
 from kvstrata.model.quant.int8_head import Int8Head, int8_head_supported
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
@@ -26,8 +26,7 @@ class Embedding:
         if self.dense is not None:
             return F.embedding(ids, self.dense)
         assert self.rows is not None
-        read = self.rows.read if ids.numel() > READ_MIN_ROWS else self.rows  # a prompt's rows: not mapped
-        return read(ids.cpu(), self.dtype).to(ids.device)
+        return self.rows(ids.cpu(), self.dtype).to(ids.device)
 
 
 class Head:

@@ -1,31 +1,25 @@
-"""The embedding of a model without dense copies (kvstrata/model/embed_head.py): a prompt's rows are
-read from the file, a decode step's few through the map."""
+"""The embedding of a model (kvstrata/model/embed_head.py): its dense rows, or a GGUF's rows read from the
+file for each step's tokens (no map pages left behind: tests/model/quant/test_gguf_rows.py)."""
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import torch
 
 from kvstrata.model.embed_head import Embedding
-from kvstrata.model.quant.gguf_rows import READ_MIN_ROWS
+from kvstrata.model.quant.gguf_rows import GgufRows
 
 
-class Rows:
-    """A stand-in for GgufRows that says which way each call read."""
-
-    def __init__(self) -> None:
-        self.ways: list[str] = []
-
-    def __call__(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        self.ways.append("map")
-        return ids.to(dtype)[:, None].repeat(1, 4)
-
-    def read(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        self.ways.append("read")
-        return ids.to(dtype)[:, None].repeat(1, 4)
-
-
-def test_a_prompts_rows_are_read_and_a_decode_steps_mapped() -> None:
-    rows = Rows()
-    emb = Embedding(None, rows, torch.float32)  # type: ignore[arg-type]
-    small, large = torch.arange(READ_MIN_ROWS), torch.arange(READ_MIN_ROWS + 1)
-    assert torch.equal(emb(small)[:, 0], small.float()) and torch.equal(emb(large)[:, 0], large.float())
-    assert rows.ways == ["map", "read"]
+def test_the_files_rows_give_the_dense_embeddings_values(tmp_path: Path) -> None:
+    rows, columns = 100, 64
+    raw = np.random.default_rng(0).integers(0, 256, (rows, columns // 32 * 34), dtype=np.uint8)
+    raw.reshape(rows, -1, 34)[:, :, :2] = np.frombuffer(np.float16(0.02).tobytes(), np.uint8)
+    path = tmp_path / "m.bin"
+    path.write_bytes(raw.tobytes())
+    file_rows = GgufRows(path, 0, raw.nbytes, "Q8_0", (rows, columns))
+    dense = file_rows.chunk(0, rows, torch.bfloat16)
+    ids = torch.tensor([5, 99, 0, 5] + list(range(70)))  # a decode step's few and a prompt's many alike
+    for n in (1, 4, len(ids)):
+        got = Embedding(None, file_rows, torch.bfloat16)(ids[:n])
+        assert got.dtype == torch.bfloat16 and torch.equal(got, Embedding(dense, None, torch.bfloat16)(ids[:n]))

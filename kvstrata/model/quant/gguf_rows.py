@@ -1,9 +1,13 @@
-"""Rows of a GGUF matrix read from the mapped file when asked for: the embedding's rows for a step's
-tokens, and the LM head's rows of each step's top candidates (their logits recomputed exactly, head.py).
+"""Rows of a GGUF matrix read from the file when asked for: the embedding's rows for a step's tokens,
+and the LM head's rows of each step's top candidates (their logits recomputed exactly, int8_head.py).
 
-A model that keeps no dense embedding holds nothing of it but the file mapping, as llama.cpp does: the
-operating system pages in the rows that are read (a step's few tokens) and can drop them again; a
-prompt's many rows are read from the file instead (`GgufRows.read`), so they never enter RSS.
+A model that keeps no dense embedding holds nothing of it but the file, as llama.cpp does. Rows are
+read with pread, never through the map: a map fault maps the 64 KiB around its row (fault-around,
+which MADV_RANDOM does not stop on Linux 6.18), so a 2k-token prompt of distinct tokens left 54 MiB of a
+1B model's embedding in RSS, and the head's 32 candidates a logit row (256 for an 8-row step) mapped
+52 MiB of it during the start-up warm-up alone, growing toward the whole tensor (79 MiB, Q6_K) as
+steps went on. Read, the rows stay in the page cache only. The map serves `chunk` (building the int8
+head once), after which `drop_pages` lets its pages go.
 """
 from __future__ import annotations
 
@@ -16,9 +20,6 @@ import torch
 
 from kvstrata.model.quant.converted_cache import ConvertedCache
 
-READ_MIN_ROWS = 64  # a step's embedding of more tokens than this (a prompt) is read from the file (`read`);
-# fewer (decode rows), and the head's candidate rows, through the map, whose pages stay mapped for later steps
-
 
 class GgufRows:
     def __init__(self, path: Path, offset: int, nbytes: int, type_name: str, shape: tuple[int, int]) -> None:
@@ -30,14 +31,7 @@ class GgufRows:
         self._path, self._offset = path, offset
 
     def __call__(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """[n, columns] in `dtype` for the rows `ids` [n] (any integer tensor), through the map."""
-        raw = self._raw[ids.to(torch.int64).numpy()]  # copies those rows only
-        return self.decode(raw, dtype)
-
-    def read(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """As calling it, but read from the file with pread, not through the map: the kernel maps the
-        64 KiB around each row a map fault reads, so a 2k-token prompt of distinct tokens left 54 MiB of
-        a 1B model's embedding in RSS; read, the rows stay in the page cache only."""
+        """[n, columns] in `dtype` for the rows `ids` [n] (any integer tensor), read from the file."""
         at = ids.to(torch.int64).numpy()
         return self.decode(self._read(at) if at.size else self._raw[at], dtype)
 

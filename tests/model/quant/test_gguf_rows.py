@@ -1,4 +1,5 @@
-"""Rows of a GGUF matrix read from the file (kvstrata/model/quant/gguf_rows.py), for any number of rows."""
+"""Rows of a GGUF matrix read from the file (kvstrata/model/quant/gguf_rows.py), for any number of rows, never
+through the map."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,20 +26,35 @@ def test_no_ids_read_no_rows_and_ids_read_theirs(tmp_path: Path, type_name: str)
     assert two.shape == (2, columns) and not np.any(two.numpy())
 
 
-def test_rows_read_from_the_file_equal_the_mapped_ones(tmp_path: Path) -> None:
-    """`read` (a prompt's embedding: pread, not the map, whose faults map the 64 KiB around each row) gives
-    the mapped rows' values, repeats and order kept; ids outside fail."""
-    rows, columns = 300, 64
+def mapped_kb(path: Path) -> int:
+    """This process's resident kB of its maps of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and not head[0].endswith(":"):
+            inside = line.endswith(str(path))
+        elif inside and head[0] == "Rss:":
+            total += int(head[1])
+    return total
+
+
+def test_rows_are_read_from_the_file_not_the_map(tmp_path: Path) -> None:
+    """Rows come with pread (a map fault would map the 64 KiB around each row into RSS), with the values
+    the map holds, repeats and order kept; ids outside fail."""
+    rows, columns = 3000, 64
     raw = np.random.default_rng(0).integers(0, 256, (rows, columns // 32 * 34), dtype=np.uint8)
     raw.reshape(rows, -1, 34)[:, :, :2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)  # finite scales
     path = tmp_path / "m.bin"
     path.write_bytes(b"\x07" * 96 + raw.tobytes())
     reader = GgufRows(path, 96, raw.nbytes, "Q8_0", (rows, columns))
-    ids = torch.tensor(np.random.default_rng(1).integers(0, rows, 200))
-    ids[5] = ids[6] = 299
-    mapped = reader(ids)
-    assert mapped.abs().max() > 0
-    assert torch.equal(reader.read(ids), mapped)
-    assert reader.read(torch.tensor([], dtype=torch.int64)).shape == (0, columns)
+    whole = reader.chunk(0, rows)  # through the map (as the int8 head is built), then let go
+    reader.drop_pages()
+    assert mapped_kb(path) == 0
+    ids = torch.tensor(np.random.default_rng(1).integers(0, rows, 500))
+    ids[5] = ids[6] = rows - 1
+    got = reader(ids)
+    assert got.abs().max() > 0 and torch.equal(got, whole[ids])
+    assert mapped_kb(path) == 0
+    assert reader(torch.tensor([], dtype=torch.int64)).shape == (0, columns)
     with pytest.raises(IndexError):
-        reader.read(torch.cat([ids, torch.tensor([rows])]))
+        reader(torch.cat([ids, torch.tensor([rows])]))
