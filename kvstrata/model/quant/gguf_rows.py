@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,9 @@ class GgufRows:
         # a map of this tensor's bytes only: [rows, bytes a row]
         self._raw = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(shape[0], nbytes // shape[0]))
         self._path, self._offset = path, offset
+        # opened once, as the map is: a file replaced at `path` while serving is not read (rows keep the inode)
+        self._fd = os.open(path, os.O_RDONLY)
+        weakref.finalize(self, os.close, self._fd)
 
     def __call__(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[n, columns] in `dtype` for the rows `ids` [n] (any integer tensor), read from the file."""
@@ -41,13 +45,9 @@ class GgufRows:
         rows, inverse = np.unique(at, return_inverse=True)
         width = self._raw.shape[1]
         out = np.empty((len(rows), width), dtype=np.uint8)
-        fd = os.open(self._path, os.O_RDONLY)
-        try:
-            for i, r in enumerate(rows.tolist()):
-                if os.preadv(fd, [out[i]], self._offset + r * width) != width:
-                    raise OSError(f"{self._path}: short read of row {r}")
-        finally:
-            os.close(fd)
+        for i, r in enumerate(rows.tolist()):
+            if os.preadv(self._fd, [out[i]], self._offset + r * width) != width:
+                raise OSError(f"{self._path}: short read of row {r}")
         return out[inverse.reshape(at.shape)]
 
     def chunk(self, start: int, stop: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -58,3 +58,18 @@ def test_rows_are_read_from_the_file_not_the_map(tmp_path: Path) -> None:
     assert reader(torch.tensor([], dtype=torch.int64)).shape == (0, columns)
     with pytest.raises(IndexError):
         reader(torch.cat([ids, torch.tensor([rows])]))
+
+
+def test_a_file_replaced_at_its_path_is_not_read(tmp_path: Path) -> None:
+    """Rows keep the file they were made on, as its map does: a GGUF downloaded again over the same path while
+    a server runs does not feed it another model's rows."""
+    rows, columns = 8, 64
+    raw = np.random.default_rng(2).integers(0, 256, (rows, columns // 32 * 34), dtype=np.uint8)
+    raw.reshape(rows, -1, 34)[:, :, :2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    path, other = tmp_path / "m.gguf", tmp_path / "new.gguf"
+    path.write_bytes(raw.tobytes())
+    reader = GgufRows(path, 0, raw.nbytes, "Q8_0", (rows, columns))
+    before = reader(torch.arange(rows))
+    other.write_bytes((raw ^ 0x55).tobytes())
+    other.replace(path)
+    assert torch.equal(reader(torch.arange(rows)), before)
