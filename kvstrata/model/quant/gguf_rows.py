@@ -35,20 +35,24 @@ class GgufRows:
         weakref.finalize(self, os.close, self._fd)
 
     def __call__(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """[n, columns] in `dtype` for the rows `ids` [n] (any integer tensor), read from the file."""
+        """[n, columns] in `dtype` for the rows `ids` [n] (any integer tensor), read from the file; a row
+        asked for several times (the head's candidates of a step's rows overlap) is read and decoded once."""
         at = ids.to(torch.int64).numpy()
-        return self.decode(self._read(at) if at.size else self._raw[at], dtype)
-
-    def _read(self, at: np.ndarray) -> np.ndarray:
-        if not (0 <= at.min() and at.max() < self.shape[0]):
-            raise IndexError(f"row ids outside [0, {self.shape[0]})")
+        if not at.size:
+            return self.decode(self._raw[at], dtype)
         rows, inverse = np.unique(at, return_inverse=True)
+        return self.decode(self._read(rows), dtype)[torch.from_numpy(inverse.reshape(at.shape))]
+
+    def _read(self, rows: np.ndarray) -> np.ndarray:
+        """The raw bytes of `rows` (sorted, distinct) [n, bytes a row], one pread each."""
+        if not (0 <= rows[0] and rows[-1] < self.shape[0]):
+            raise IndexError(f"row ids outside [0, {self.shape[0]})")
         width = self._raw.shape[1]
         out = np.empty((len(rows), width), dtype=np.uint8)
         for i, r in enumerate(rows.tolist()):
             if os.preadv(self._fd, [out[i]], self._offset + r * width) != width:
                 raise OSError(f"{self._path}: short read of row {r}")
-        return out[inverse.reshape(at.shape)]
+        return out
 
     def chunk(self, start: int, stop: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.decode(self._raw[start:stop], dtype)
