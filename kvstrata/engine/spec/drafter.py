@@ -3,8 +3,11 @@
 `RequestDrafter` searches the request's tokens (`ContextMatcher`) (what the agent already wrote: the
 file it sends back, the JSON it edits, the tool-call skeleton of the last turn) and asks `TenantOutputs`
 for the index of its tenant's finished outputs (the same reply shape across requests). Of the two
-drafts it keeps the one with more expected accepted tokens. A tenant's outputs draft only for that
-tenant's requests: drafts never carry one tenant's text into another's request.
+drafts it keeps the one with more expected accepted tokens; a draft from where the last one came from,
+moved on past the model's edits (`CopyPointer`), replaces it when that place agrees better with the
+context. A tenant's outputs draft only for that tenant's requests: drafts never carry one tenant's text
+into another's request. What each step emitted, against what was proposed, teaches the request's
+`SiteStats` where drafts break: the chances the cost model weighs drafted tokens by.
 
 Draft length adapts as in SuffixDecoding: at most `spec_factor` x the matched length (a long match is
 a confident one), never over `max_tokens`. A request whose acceptance stays under `disable_below` after
@@ -18,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from kvstrata.engine.spec.context_match import ContextMatcher
+from kvstrata.engine.spec.copy_pointer import CopyPointer, aligned
+from kvstrata.engine.spec.site_stats import SiteStats
 from kvstrata.engine.spec.token_index import EMPTY, Draft, TokenIndex
 
 
@@ -81,8 +86,6 @@ class SpecStats:
     accepted_lengths: dict[int, int] = field(default_factory=dict)  # accepted tokens per verify step -> steps
 
     rejections: int = 0  # verify steps that stopped at a drafted token the model did not choose
-    tried: list[int] = field(default_factory=list)  # per draft position: verify steps that reached it
-    passed: list[int] = field(default_factory=list)  # ... and in which the model agreed with it
 
     @property
     def acceptance(self) -> float:
@@ -94,24 +97,6 @@ class SpecStats:
         self.steps += 1
         self.rejections += accepted < drafted
         self.accepted_lengths[accepted] = self.accepted_lengths.get(accepted, 0) + 1
-        reached = min(drafted, accepted + 1)  # positions 0..accepted-1 passed; position `accepted` failed
-        while len(self.tried) < reached:
-            self.tried.append(0)
-            self.passed.append(0)
-        for j in range(reached):
-            self.tried[j] += 1
-            self.passed[j] += j < accepted
-
-    def accept_chances(self, n: int) -> list[float]:
-        """The chance each of n drafted tokens is accepted: the product, over positions up to it, of how
-        often the model agreed at that position once it had agreed before it (a prior of 3 in 4 each).
-        Per position, because agreement is bursty: once a copy is under way, it tends to go on."""
-        out, chance = [], 1.0
-        for j in range(n):
-            t, p = (self.tried[j], self.passed[j]) if j < len(self.tried) else (0, 0)
-            chance *= (p + 3) / (t + 4)
-            out.append(chance)
-        return out
 
 
 class RequestDrafter:
@@ -124,6 +109,9 @@ class RequestDrafter:
         self.own = ContextMatcher(prompt, config.max_match)  # searched in place: nothing to build up front
         self.output_start = len(prompt) if output_start is None else output_start
         self.stats = SpecStats()
+        self.sites = SiteStats()
+        self.pointer: CopyPointer | None = None
+        self._proposal: tuple[int, Draft] | None = None  # (context length, draft) of the last propose
         self.disabled = False
 
     @property
@@ -132,8 +120,23 @@ class RequestDrafter:
         return self.own.tokens
 
     def append(self, tokens: Sequence[int]) -> None:
-        """Tokens the request now holds (accepted drafts and sampled tokens)."""
+        """Tokens the request now holds (accepted drafts and sampled tokens): what the last proposal, if
+        made for this context, is scored against, and what moves the copy pointer on."""
+        proposal, self._proposal = self._proposal, None
+        if proposal is not None and proposal[0] == len(self.context):
+            draft = proposal[1]
+            self.sites.learn(self.context, draft.tokens, tokens)
+            if draft.source is not None:
+                self.pointer = CopyPointer(*draft.source)
+        elif proposal is not None:
+            self.pointer = None  # the proposal was for another context: where it came from says nothing
+        if self.pointer is not None:
+            self.pointer.advance(len(tokens))
         self.own.extend(tokens)
+
+    def accept_chances(self, draft: Sequence[int]) -> list[float]:
+        """The chance each drafted token, and every one before it, is kept (`SiteStats`)."""
+        return self.sites.chances(self.context, draft)
 
     def propose(self, max_tokens: int | None = None) -> Draft:
         """Up to `max_tokens` (the config's cap by default) tokens to verify after the context."""
@@ -148,7 +151,14 @@ class RequestDrafter:
             if other.score > best.score:
                 best = other
         keep = min(cap, max(1, math.ceil(c.spec_factor * best.match_len)))
-        return Draft(best.tokens[:keep], best.probs[:keep], best.match_len)
+        draft = Draft(best.tokens[:keep], best.probs[:keep], best.match_len, best.source)
+        if self.pointer is not None:
+            score, pos = self.pointer.best(self.context)
+            source = self.pointer.source
+            if pos < len(source) and score > (aligned(*best.source, self.context) if best.source is not None else 0):
+                draft = Draft(list(source[pos:pos + cap]), [1.0] * min(cap, len(source) - pos), score, (source, pos))
+        self._proposal = (len(self.context), draft)
+        return draft
 
     def record(self, drafted: int, accepted: int) -> None:
         """One verify step: `accepted` of its `drafted` tokens matched what the model chose."""

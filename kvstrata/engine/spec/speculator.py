@@ -52,7 +52,7 @@ class Speculator:
         """Add drafts to the batch's decode rows, within `budget` more tokens; allocates their KV slots.
 
         Under `auto`, drafted tokens join the step while they pay: a token accepted with probability p
-        (the draft's own estimate times the request's observed acceptance, per position) adds p tokens
+        (the draft's own estimate times the request's record at its site, site_stats.py) adds p tokens
         to the step and a row over its context to its time (`StepCost`, timed on this machine), so it
         joins while p / its row's time > the step's expected tokens / its time, best first, within
         `spec_max_step_rows` rows. A long context makes a row dearer: it is scored once a row."""
@@ -80,7 +80,7 @@ class Speculator:
                 tokens = tokens[: req.matcher.validate_tokens(tokens)]
             if tokens:
                 drafts[i] = tokens
-                chances = drafter.stats.accept_chances(len(tokens))
+                chances = drafter.accept_chances(tokens)
                 for j, p in enumerate(d.probs[: len(tokens)]):
                     gain = p * chances[j]
                     offers.append((gain / cost.extra_row(req.num_tokens + j + 1), gain, i, j))

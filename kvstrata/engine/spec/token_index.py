@@ -27,6 +27,7 @@ class Draft:
     tokens: list[int]
     probs: list[float]  # cumulative: probs[i] = estimated chance tokens[0..i] are all accepted
     match_len: int  # tokens of the context's end that matched
+    source: tuple[Sequence[int], int] | None = None  # the text and position the first token came from
 
     @property
     def score(self) -> float:
@@ -147,17 +148,21 @@ class TokenIndex:
 def walk(pos: list[tuple[Sequence[int], int]], match_len: int, max_tokens: int, min_prob: float) -> Draft:
     """Draft from the occurrences of a match: `pos` holds (tokens, where the occurrence continues), oldest
     first. The next token is the one most of them continue with (ties: the newest's), its probability the
-    share of them it covers, times the ones before; the walk stops under `min_prob` or at `max_tokens`."""
+    share of them it covers, times the ones before; the walk stops under `min_prob` or at `max_tokens`.
+    The draft's source is the newest occurrence it follows."""
     tokens: list[int] = []
     probs: list[float] = []
     prob = 1.0
+    source: tuple[Sequence[int], int] | None = None
     while pos and len(tokens) < max_tokens:
         counts = Counter(toks[i] for toks, i in pos)
         tok, hits = max(counts.items(), key=lambda kv: (kv[1], kv[0] == pos[-1][0][pos[-1][1]]))
         prob *= hits / len(pos)
         if prob < min_prob:
             break
+        if source is None:  # the newest occurrence the draft follows
+            source = next((toks, i) for toks, i in reversed(pos) if toks[i] == tok)
         tokens.append(tok)
         probs.append(prob)
         pos = [(toks, i + 1) for toks, i in pos if toks[i] == tok and i + 1 < len(toks)]
-    return Draft(tokens, probs, match_len)
+    return Draft(tokens, probs, match_len, source)

@@ -72,16 +72,36 @@ def test_bad_config_is_refused(kwargs: dict[str, float]) -> None:
         SpecConfig(**kwargs)  # type: ignore[arg-type]
 
 
-def test_accept_chances_learn_per_position() -> None:
-    from kvstrata.engine.spec.drafter import SpecStats
+def test_a_copy_with_edits_is_drafted_past_each_edit() -> None:
+    """A reply that counts up a list's items (each item the one before with its number changed): after the
+    model writes the new number, the draft goes on from where the last item's number was (the copy
+    pointer), not from wherever the last tokens occur in the prompt (which is formatted otherwise)."""
+    cfg = SpecConfig(max_tokens=16)
 
-    s = SpecStats()
-    assert s.accept_chances(2) == [0.75, 0.75 * 0.75]  # the prior
-    for _ in range(20):  # copies: once the first token passes, the rest do
-        s.add_step(4, 4)
-    for _ in range(20):
-        s.add_step(4, 0)
-    first, second, third, fourth = s.accept_chances(4)
-    assert first == pytest.approx((20 + 3) / (40 + 4)) and second == pytest.approx(first * (20 + 3) / (20 + 4))
-    assert fourth / third > 0.95 > first  # agreement at a later position, given the earlier ones: near certain
-    assert s.tried == [40, 20, 20, 20] and s.passed == [20, 20, 20, 20]
+    def item(n: int) -> list[int]:  # `{ "id": n , "title": "task n" }`
+        return [50, 51, n, 52, 53, 54, n, 55]
+
+    prompt = [300 + k for k in range(20)] + [49, 51, 7, 56, 57, 58]  # "id" then 7, in the prompt's own format
+    d = RequestDrafter(prompt, "t", TenantOutputs(cfg), cfg)
+    d.append(item(5) + item(6) + [50, 51])
+    assert d.propose().tokens[0] == 6  # the last item's number
+    d.append([7])  # the model writes the next one
+    assert d.propose().tokens[:5] == [52, 53, 54, 6, 55]  # the last item after its number (the 6 is wrong again)
+    plain = RequestDrafter(prompt + item(5) + item(6) + [50, 51, 7], "t", TenantOutputs(cfg), cfg)
+    assert plain.propose().tokens[:2] == [56, 57]  # the suffix search alone: the prompt's continuation
+
+
+def test_accept_chances_learn_where_drafts_break() -> None:
+    """The chances a drafted token is kept come from the request's record at its site (the tokens before
+    it): where the model always wrote something new (a counter after [1, 2, 3]) they are low, where it
+    always went on as proposed they are high, whatever the draft position."""
+    cfg = SpecConfig(max_tokens=8)
+    block = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    d = RequestDrafter(block + block, "t", TenantOutputs(cfg), cfg)
+    assert d.accept_chances([9, 9]) == pytest.approx([0.75, 0.75 ** 2])  # nothing seen: the prior of 3 in 4
+    for n in range(8):
+        assert len(d.propose().tokens) >= 4  # [1, 2, 3, the last counter, ...]
+        d.append([1, 2, 3, 100 + n, 5, 6, 7, 8, 9])
+    first, second, third, fourth = d.accept_chances([1, 2, 3, 4])  # after [.., 7, 8, 9]
+    assert first > 0.8 and second / first > 0.8 and third / second > 0.8
+    assert fourth / third < 0.3

@@ -123,7 +123,7 @@ def test_auto_drafts_what_pays_for_its_row(tiny_model_dir: Path, pays: float, jo
             break
         eng.postprocess(batch, eng.runner.run(batch))
     assert d.tokens, "no draft in 80 tokens"
-    gain = d.probs[0] * drafter.stats.accept_chances(1)[0]
+    gain = d.probs[0] * drafter.accept_chances(d.tokens[:1])[0]
     # the request's row costs base + 1 + its context; the drafted row 1 + its context x per_token_extra
     ctx = req.num_tokens + 1
     extra = 1.0 + 1e-2 * ctx  # well above the first row's 1: the test fails if offers were priced as first rows
