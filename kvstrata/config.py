@@ -193,7 +193,7 @@ class SchedulerConfig:
         "suffix, off for a request whose drafts keep failing and for steps already wider than --spec-max-step-rows",
         choices=["auto", "off", "suffix", "ngram"],
     )
-    num_speculative_tokens: int = opt(8, "most drafted tokens a request verifies in one step", min=1, max=64)
+    num_speculative_tokens: int = opt(16, "most drafted tokens a request verifies in one step", min=1, max=64)
     spec_max_step_rows: int = opt(
         16, "auto: drafts are added only while the step stays within this many rows (decode rows are weight reads "
         "until then; wider steps are compute-bound)", min=1)

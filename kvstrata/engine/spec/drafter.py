@@ -28,7 +28,7 @@ from kvstrata.engine.spec.token_index import EMPTY, Draft, TokenIndex
 
 @dataclass(frozen=True)
 class SpecConfig:
-    max_tokens: int = 8  # --num-speculative-tokens
+    max_tokens: int = 16  # --num-speculative-tokens
     spec_factor: float = 1.0
     min_prob: float = 0.1
     min_match: int = 2
