@@ -95,8 +95,8 @@ class ModelConfig:
     malloc_tuning: str = opt(
         "auto",
         "on CPU, fix glibc malloc's mmap threshold (32 MiB) and heap trim threshold (1 GiB), so the memory a "
-        "step frees is reused instead of unmapped and page-faulted in again (kvstrata/engine/warmup.py); "
-        "off = glibc's defaults",
+        "step frees is reused instead of unmapped and page-faulted in again, and keep to one malloc arena "
+        "(kvstrata/engine/malloc_tuning.py); off = glibc's defaults",
         choices=["auto", "off"],
     )
 

@@ -21,7 +21,8 @@ from kvstrata.engine.sampling_params import InvalidRequestError, SamplingParams
 from kvstrata.engine.scheduler import ScheduledBatch, Scheduler
 from kvstrata.engine.spec.cost import measure_step_cost
 from kvstrata.engine.spec.speculator import Speculator
-from kvstrata.engine.warmup import WarmupReport, keep_freed_heap, release_freed_heap, warm_up
+from kvstrata.engine.malloc_tuning import keep_freed_heap, release_freed_heap
+from kvstrata.engine.warmup import WarmupReport, warm_up
 from kvstrata.kv.events import attach_kv_events
 from kvstrata.kv.hashing import namespace_root
 from kvstrata.kv.pool import PagePool

@@ -1,5 +1,5 @@
-"""Start-up warm-up: a dummy step of the whole step budget before the server says it is ready, and
-glibc malloc told to keep the memory a step frees.
+"""Start-up warm-up: a dummy step of the whole step budget before the server says it is ready (glibc
+malloc's tuning, its companion, is malloc_tuning.py).
 
 Why: the first cold prompt after start pays for a fresh heap and the first use of the GEMM and
 attention kernels at its size (tens of thousands of minor page faults), and with glibc's defaults
@@ -14,8 +14,6 @@ zeroed), no request, no prefix cache, no KV events, no store writes, no metrics.
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import random
 import time
@@ -31,35 +29,7 @@ from kvstrata.kv.pool import PagePool
 
 log = logging.getLogger(__name__)
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
-MMAP_THRESHOLD = 32 << 20  # glibc's largest: blocks up to 32 MiB (a 2k-token step's MLP) come from the heap
-TRIM_THRESHOLD = 1 << 30  # the heap keeps up to 1 GiB free at its top instead of handing it back
 DECODE_ROWS = 8  # decode rows in the dummy decode step (first use of the decode kernels)
-
-
-def keep_freed_heap() -> str:
-    """Fix glibc's mmap and trim thresholds (process-wide), so the memory a step frees is reused,
-    not unmapped and faulted in again. Returns what was done, for the start-up log."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        libc.gnu_get_libc_version.restype = ctypes.c_char_p
-        version = libc.gnu_get_libc_version().decode()
-    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS): leave its allocator alone
-        return "unchanged (not glibc)"
-    if libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1 or libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:
-        return f"unchanged (glibc {version} refused mallopt)"
-    return f"glibc {version} mmap_threshold={MMAP_THRESHOLD >> 20}MiB trim_threshold={TRIM_THRESHOLD >> 20}MiB"
-
-
-def release_freed_heap() -> bool:
-    """Give the heap's free memory back to the system once (glibc's malloc_trim): what loading freed
-    (decoded blocks, packing temporaries) would otherwise stay in RSS under the 1 GiB trim threshold."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        return bool(libc.malloc_trim(0))
-    except (OSError, AttributeError, TypeError):
-        return False
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from kvstrata.model import cpu_kernels
 from kvstrata.model.arch import ModelArch
-from kvstrata.model.attention import AttentionBackend, AttentionMetadata
+from kvstrata.model.attention import AttentionBackend, AttentionMetadata, PrefillSeq
 from kvstrata.model.decode_layers import DecodeLayers
 from kvstrata.model.embed_head import EMBED, HEAD, Embedding, Head
 from kvstrata.model.layer_weights import LayerWeights, Scratch, build_layer, prepack_supported
@@ -37,6 +37,23 @@ def chunk_rows(intermediate: int, elem: int) -> int:
 def chunks(total: int, rows: int) -> list[slice]:
     """[0, total) in slices of `rows` (the last shorter)."""
     return [slice(r0, min(r0 + rows, total)) for r0 in range(0, total, rows)]
+
+
+def prompt_chunks(meta: AttentionMetadata, T: int, rows: int) -> list[tuple[slice, AttentionMetadata]] | None:
+    """A step that is one prompt's rows alone, cut in chunks of `rows`: each chunk's rows and the metadata
+    of attention over the context up to its last row (the rows are the last of that context: K/V of the
+    chunks before it is already written). None for a narrower step or one of several sequences."""
+    if rows >= T or len(meta.prefill) != 1 or meta.decode_rows is not None:
+        return None
+    seq = meta.prefill[0]
+    if seq.q_start != 0 or seq.q_len != T:
+        return None
+    out = []
+    for r in chunks(T, rows):
+        kv_len = seq.kv_len - (T - r.stop)
+        sub = PrefillSeq(0, r.stop - r.start, kv_len, seq.pages[: -(-kv_len // meta.page_size)])
+        out.append((r, AttentionMetadata(meta.page_size, meta.slot_mapping[r], [sub])))
+    return out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -233,18 +250,31 @@ class LlamaModel:
         (q/k/v with RoPE and the K/V write, the o projection with its norm, the MLP) in chunks of that
         many rows, attention on all rows at once: a row's result is the same bits (rows are independent
         there), and the step holds a few MiB of those activations at a time instead of ~300 MiB a layer
-        for a 2k-token step of a 2048-wide model, which glibc's heap would keep (peak RSS)."""
+        for a 2k-token step of a 2048-wide model, which glibc's heap would keep (peak RSS). A step that is
+        one prompt alone runs attention in those chunks too (`prompt_chunks`: a chunk's q over the context
+        up to its last row), so no step-sized q or attention output is held either."""
         H, D = self.arch.num_heads, self.arch.head_dim
         T = x.shape[0]
         rows = chunk_rows(self.arch.intermediate_size, x.element_size()) if narrow else T
         h = self._norm(x, self.layers[0].input_norm)
-        q_rows = torch.empty((T, H, D), dtype=x.dtype, device=x.device) if rows < T else None  # every layer's q
+        streamed = prompt_chunks(meta, T, rows)
+        q_rows = None
+        if rows < T and streamed is None:  # every layer's q, for attention over all rows at once
+            q_rows = torch.empty((T, H, D), dtype=x.dtype, device=x.device)
         for li, lw in enumerate(self.layers):
-            if q_rows is None:
+            if streamed is not None:
+                for r, sub in streamed:  # h's rows are spent by their q/k/v: they take the MLP's input
+                    q = self._qkv_rope(h[r], lw, li, cos_t[r], sin_t[r], k_cache, v_cache, sub.slot_mapping, narrow)
+                    o = self.attention.forward(q, k_cache[li], v_cache[li], sub).reshape(r.stop - r.start, H * D)
+                    del q
+                    h[r] = self._add_norm(x[r], lw.o(o, narrow, self._scratch), lw.post_norm)
+                    del o
+            elif q_rows is None:
                 q = self._qkv_rope(h, lw, li, cos_t, sin_t, k_cache, v_cache, meta.slot_mapping, narrow)
                 o = self.attention.forward(q, k_cache[li], v_cache[li], meta).reshape(T, H * D)
                 del q
                 h = self._add_norm(x, lw.o(o, narrow, self._scratch), lw.post_norm)
+                del o
             else:
                 for r in chunks(T, rows):
                     q_rows[r] = self._qkv_rope(h[r], lw, li, cos_t[r], sin_t[r], k_cache, v_cache,
@@ -252,7 +282,7 @@ class LlamaModel:
                 o = self.attention.forward(q_rows, k_cache[li], v_cache[li], meta).reshape(T, H * D)
                 for r in chunks(T, rows):  # h's rows are spent (q/k/v above): they take the MLP's input
                     h[r] = self._add_norm(x[r], lw.o(o[r], narrow, self._scratch), lw.post_norm)
-            del o
+                del o
             h = self._mlp(x, h, li, narrow, rows)
 
     def _qkv_rope(self, h: torch.Tensor, lw: LayerWeights, li: int, cos_t: torch.Tensor, sin_t: torch.Tensor,

@@ -1,7 +1,6 @@
 """The start-up warm-up (tiny random-weight model): it leaves the pool, the prefix cache and later
 outputs as they would be without it, keeps to the pages and context there are, and runs on the engine
-thread; keep_freed_heap really stops glibc from faulting a freed block in again (a subprocess each,
-since mallopt is process-wide)."""
+thread."""
 from __future__ import annotations
 
 import ctypes
@@ -90,45 +89,3 @@ def test_call_blocking_runs_on_the_engine_thread(tiny_model_dir: Path) -> None:
         aeng.shutdown()
     with pytest.raises(EngineDeadError):
         aeng.call_blocking(lambda e: 1)
-
-
-HEAP = """
-import ctypes, sys, torch
-from kvstrata.engine.warmup import keep_freed_heap
-libc = ctypes.CDLL(None)
-if sys.argv[1] == "tuned":
-    print(keep_freed_heap(), file=sys.stderr)
-else:  # glibc's starting threshold, fixed: no free before this can have moved it (glibc adapts it)
-    assert libc.mallopt(-3, 128 * 1024) == 1  # M_MMAP_THRESHOLD
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-libc.mallinfo2.restype = MallInfo2
-mapped = libc.mallinfo2().hblkhd
-block = torch.empty(24 << 20, dtype=torch.uint8).fill_(1)  # a step's largest tensor
-mapped = libc.mallinfo2().hblkhd - mapped  # bytes of it in mmap'd chunks (unmapped when freed)
-del block
-print(mapped >= 24 << 20, libc.mallinfo2().fordblks >= 24 << 20)  # mmap'd?  kept free in the heap?
-"""
-
-
-def _heap(mode: str) -> tuple[bool, bool]:
-    """(the freed 24 MiB block was mmap'd, it stays in the heap after free) in a fresh process."""
-    out = subprocess.run([sys.executable, "-c", HEAP, mode], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    if mode == "tuned":
-        assert out.stderr.strip().splitlines()[-1].startswith("glibc "), out.stderr
-    mapped, kept = out.stdout.split()
-    return mapped == "True", kept == "True"
-
-
-@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "mallinfo2"), reason="needs glibc >= 2.33 (mallinfo2)")
-def test_keep_freed_heap_keeps_a_freed_block_for_the_next_step() -> None:
-    """What used to be counted in page faults (which vary with whatever else the process freed
-    before), read from glibc's own books: with keep_freed_heap a step-sized block comes from the
-    heap and stays there once freed, so the next step reuses pages already faulted in; with glibc's
-    starting threshold it is an mmap, handed back to the OS at free and faulted in again."""
-    assert _heap("tuned") == (False, True)
-    assert _heap("default") == (True, False)  # the check can fail

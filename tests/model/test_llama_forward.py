@@ -119,8 +119,8 @@ def test_a_cpu_where_onednn_refuses_bf16_keeps_plain_weights(tmp_path: Path) -> 
 def test_a_wide_integer_step_in_row_chunks_gives_the_bits_of_one_pass(
         tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, fused: bool, lens: tuple[int, ...]) -> None:
     """A wide step on the integer-dot kernels runs q/k/v, the o projection and the MLP in row chunks
-    (peak RSS): every logit and every K/V slot it writes are the bits of the whole step in one pass, for
-    one prompt or two, with our fused ops or torch's."""
+    (peak RSS), and one prompt alone its attention too: every logit and every K/V slot it writes are the
+    bits of the whole step in one pass, for one prompt or two, with our fused ops or torch's."""
     from quant_support import quantize_linears
 
     from kvstrata.model import cpu_kernels, llama
@@ -141,6 +141,14 @@ def test_a_wide_integer_step_in_row_chunks_gives_the_bits_of_one_pass(
         return qkv_rope(h, *args)
 
     monkeypatch.setattr(model, "_qkv_rope", counted)
+    attended: list[int] = []
+    attend = model.attention.forward
+
+    def counted_attention(q: torch.Tensor, *args: Any) -> torch.Tensor:
+        attended.append(q.shape[0])
+        return attend(q, *args)
+
+    monkeypatch.setattr(model.attention, "forward", counted_attention)
 
     def run() -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         pool = PagePool(32, ps, a.num_layers, a.num_kv_heads, a.head_dim, torch.float32)
@@ -159,10 +167,13 @@ def test_a_wide_integer_step_in_row_chunks_gives_the_bits_of_one_pass(
     monkeypatch.setattr(llama, "CHUNK_MIN_ROWS", 16)
     chunked = run()
     assert calls == [16, 16, T - 32] * a.num_layers  # the last chunk shorter
+    # one prompt alone: attention in the same chunks (each over the context up to its last row); two: all rows
+    assert attended == ([16, 16, T - 32] if len(lens) == 1 else [T]) * a.num_layers
     calls.clear()
+    attended.clear()
     monkeypatch.setattr(llama, "CHUNK_MIN_ROWS", 1 << 20)
     whole = run()
-    assert calls == [T] * a.num_layers
+    assert calls == [T] * a.num_layers and attended == [T] * a.num_layers
     assert torch.equal(chunked[0], whole[0])
     for got, want in zip(chunked[1] + chunked[2], whole[1] + whole[2]):
         assert torch.equal(got, want)
