@@ -5,7 +5,7 @@ A draft source predicts well until it meets a place where the model writes somet
 branch of a loop the model takes this time. Those places repeat within a reply, and they are found by
 what precedes them, so agreement is kept per *site*: the last `SITE_TOKENS` tokens before the drafted
 position. A site seen before gives its own record (ok + PRIOR x r) / (ok + bad + PRIOR), where r is the
-request's agreement over every drafted position so far (a prior of 3 in 4); a new site gives r. A
+request's agreement over every position learned so far (a prior of 3 in 4); a new site gives r. A
 draft's chances are the running product, so a draft is worth verifying up to just before the site
 where it usually breaks, and the token there comes free as the model's own (the step's last row).
 
