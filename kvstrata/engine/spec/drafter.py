@@ -156,7 +156,8 @@ class RequestDrafter:
             score, pos = self.pointer.best(self.context)
             source = self.pointer.source
             if pos < len(source) and score > (aligned(*best.source, self.context) if best.source is not None else 0):
-                draft = Draft(list(source[pos:pos + cap]), [1.0] * min(cap, len(source) - pos), score, (source, pos))
+                tokens = list(source[pos:pos + cap])
+                draft = Draft(tokens, [1.0] * len(tokens), score, (source, pos))
         self._proposal = (len(self.context), draft)
         return draft
 
