@@ -7,8 +7,8 @@ a request's rows, csrc/paged_decode.cpp; other backends read it again):
     step ~ base + sum over rows of per_row + sum over requests of context * (per_token + per_token_extra * (rows - 1))
 The four figures depend on the CPU (AVX2 multiplies byte pairs, VNNI four at a time; bf16 is fast
 only with avx512_bf16), the model's width, quant type, KV layout and attention backend, so they are timed
-here, not assumed: steps of 1 and R rows of one request over a short context and over a long one, a few
-times each.
+here, not assumed: steps of 1 and R rows of one request over a short context and over a long one, in
+rounds of the four shapes (the median of each).
 The contexts are pages straight from the pool whose K/V is never computed (their zeros cost the same
 to read: no prefill runs), given back zeroed, like the warm-up's dummy steps.
 """
@@ -53,10 +53,13 @@ class StepCost:
 FALLBACK = StepCost(base=1.0, per_row=1.0, per_token=0.0, per_token_extra=0.0)
 
 
-def measure_step_cost(runner: ModelRunner, rows: int, max_context: int, vocab_size: int, repeats: int = 3) -> StepCost:
+def measure_step_cost(runner: ModelRunner, rows: int, max_context: int, vocab_size: int, repeats: int = 5) -> StepCost:
     """Time steps of 1 and `rows` rows of one request after SHORT tokens and after min(LONG, max_context)
-    tokens (median of `repeats`, after one untimed step of each shape; where the first 1-row step took
-    over SLOW_STEP_S, one timed step of each shape after it); FALLBACK where they do not fit."""
+    tokens: `repeats` rounds of the four shapes in turn after one untimed round, the median of each shape
+    (where the first 1-row step took over SLOW_STEP_S, one timed round after it); FALLBACK where they do
+    not fit. Rounds, not each shape's steps back to back: the VM's speed moves within seconds, and a slow
+    spell that fell on one shape's steps alone moved the fit (base 7-14 ms, 2.0-3.4 ms a row over three
+    starts of the same server), and with it which drafts join a step."""
     pool = runner.pool
     ps = pool.page_size
     long = min(LONG, max_context - rows)
@@ -66,26 +69,27 @@ def measure_step_cost(runner: ModelRunner, rows: int, max_context: int, vocab_si
     assert pages is not None
     rng = random.Random(0)
     ids = [rng.randrange(vocab_size) for _ in range(long + rows)]
+    shapes = ((SHORT, 1), (long, 1), (SHORT, rows), (long, rows))
     try:
         with torch.inference_mode():
-            def timed(context: int, r: int, n: int, untimed: int) -> float:
-                """The context's next token and r - 1 drafted ones, as a verify step runs them: the median of
-                `n` steps after `untimed` more."""
+            def step(context: int, r: int) -> float:
+                """The context's next token and r - 1 drafted ones, as a verify step runs them; seconds."""
                 batch = ScheduledBatch([fake_request(ids[: context + 1], context, pages)], [r],
                                        {0: ids[context + 1 : context + r]} if r > 1 else {})
-                samples = []
-                for _ in range(n + untimed):
-                    t = time.perf_counter()
-                    input_ids, positions, meta, logit_rows = runner.prepare(batch)
-                    runner.model.forward(input_ids, positions, meta, pool.k, pool.v, logit_rows)
-                    samples.append(time.perf_counter() - t)
-                return statistics.median(samples[untimed:])
+                t = time.perf_counter()
+                input_ids, positions, meta, logit_rows = runner.prepare(batch)
+                runner.model.forward(input_ids, positions, meta, pool.k, pool.v, logit_rows)
+                return time.perf_counter() - t
 
-            first = timed(SHORT, 1, 1, 0)  # also the untimed step of the first shape
-            n, untimed = (1, 0) if first > SLOW_STEP_S else (repeats, 1)
-            one = timed(SHORT, 1, n, 0)
-            one_long = timed(long, 1, n, untimed)
-            short, wide = timed(SHORT, rows, n, untimed), timed(long, rows, n, untimed)
+            slow = step(SHORT, 1) > SLOW_STEP_S
+            rounds, untimed = (1, 0) if slow else (repeats, 1)
+            samples: list[list[float]] = [[] for _ in shapes]
+            for n in range(untimed + rounds):
+                for i, (context, r) in enumerate(shapes):
+                    t = step(context, r)
+                    if n >= untimed:
+                        samples[i].append(t)
+            one, one_long, short, wide = (statistics.median(x) for x in samples)
             zero_pages(pool, pages)
     finally:
         pool.free(pages)

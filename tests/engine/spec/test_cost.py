@@ -39,7 +39,7 @@ def test_the_engine_times_it_before_its_first_drafts(tiny_model_dir: Path) -> No
 
 def test_a_slow_model_is_timed_once_a_shape(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A 1-row step over SLOW_STEP_S (an 8B model's ~0.5 s) is timed once per shape after one first step:
-    4 steps, not 3 x (repeats + 1), which took ~10 s of an 8B start."""
+    4 steps, not 4 x (repeats + 1), which took ~10 s of an 8B start."""
     from kvstrata.engine.spec import cost
 
     eng = LLM(str(tiny_model_dir), dtype="float32", max_total_tokens=2048, speculative="off").engine
@@ -54,7 +54,7 @@ def test_a_slow_model_is_timed_once_a_shape(tiny_model_dir: Path, monkeypatch: p
     monkeypatch.setattr(eng.runner.model, "forward", counted)
     vocab = eng.info.arch.vocab_size
     assert measure_step_cost(eng.runner, rows=8, max_context=4096, vocab_size=vocab, repeats=3) != FALLBACK
-    assert steps == 1 + 3 + 4 + 4 + 4  # the first step, then each shape's repeats (and one untimed for three of them)
+    assert steps == 1 + 4 * (1 + 3)  # the first step, then an untimed round and 3 timed ones of the 4 shapes
     steps = 0
     monkeypatch.setattr(cost, "SLOW_STEP_S", 0.0)
     c = measure_step_cost(eng.runner, rows=8, max_context=4096, vocab_size=vocab, repeats=3)
