@@ -23,13 +23,16 @@ TRIM_THRESHOLD = 1 << 30  # the heap keeps up to 1 GiB free at its top instead o
 ARENA_MAX = 1
 
 
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c"))
+
+
 def keep_freed_heap() -> str:
     """Fix glibc's mmap and trim thresholds (process-wide), so the memory a step frees is reused,
     not unmapped and faulted in again, and keep to one arena (threads made after this share the heap).
     Returns what was done, for the start-up log."""
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name)
+        libc = _libc()
         libc.gnu_get_libc_version.restype = ctypes.c_char_p
         version = libc.gnu_get_libc_version().decode()
     except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS): leave its allocator alone
@@ -44,7 +47,6 @@ def release_freed_heap() -> bool:
     """Give the heap's free memory back to the system once (glibc's malloc_trim): what loading freed
     (decoded blocks, packing temporaries) would otherwise stay in RSS under the 1 GiB trim threshold."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        return bool(libc.malloc_trim(0))
+        return bool(_libc().malloc_trim(0))
     except (OSError, AttributeError, TypeError):
         return False

@@ -257,24 +257,23 @@ class LlamaModel:
         T = x.shape[0]
         rows = chunk_rows(self.arch.intermediate_size, x.element_size()) if narrow else T
         h = self._norm(x, self.layers[0].input_norm)
-        streamed = prompt_chunks(meta, T, rows)
+        # (rows, their attention metadata) run one after another: the whole step, or a lone prompt's chunks
+        parts = [(slice(0, T), meta)] if rows >= T else prompt_chunks(meta, T, rows)
         q_rows = None
-        if rows < T and streamed is None:  # every layer's q, for attention over all rows at once
+        if parts is None:  # every layer's q, for attention over all rows at once
             q_rows = torch.empty((T, H, D), dtype=x.dtype, device=x.device)
         for li, lw in enumerate(self.layers):
-            if streamed is not None:
-                for r, sub in streamed:  # h's rows are spent by their q/k/v: they take the MLP's input
+            if parts is not None:
+                for r, sub in parts:  # h's rows are spent by their q/k/v: they take the MLP's input
                     q = self._qkv_rope(h[r], lw, li, cos_t[r], sin_t[r], k_cache, v_cache, sub.slot_mapping, narrow)
                     o = self.attention.forward(q, k_cache[li], v_cache[li], sub).reshape(r.stop - r.start, H * D)
                     del q
-                    h[r] = self._add_norm(x[r], lw.o(o, narrow, self._scratch), lw.post_norm)
+                    normed = self._add_norm(x[r], lw.o(o, narrow, self._scratch), lw.post_norm)
                     del o
-            elif q_rows is None:
-                q = self._qkv_rope(h, lw, li, cos_t, sin_t, k_cache, v_cache, meta.slot_mapping, narrow)
-                o = self.attention.forward(q, k_cache[li], v_cache[li], meta).reshape(T, H * D)
-                del q
-                h = self._add_norm(x, lw.o(o, narrow, self._scratch), lw.post_norm)
-                del o
+                    if r.stop - r.start == T:
+                        h = normed  # the whole step: no copy
+                    else:
+                        h[r] = normed
             else:
                 for r in chunks(T, rows):
                     q_rows[r] = self._qkv_rope(h[r], lw, li, cos_t[r], sin_t[r], k_cache, v_cache,

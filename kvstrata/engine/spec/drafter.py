@@ -155,7 +155,7 @@ class RequestDrafter:
         if self.pointer is not None:
             score, pos = self.pointer.best(self.context)
             source = self.pointer.source
-            if pos < len(source) and score > (aligned(*best.source, self.context) if best.source is not None else 0):
+            if score > (aligned(*best.source, self.context) if best.source is not None else 0):
                 tokens = list(source[pos:pos + cap])
                 draft = Draft(tokens, [1.0] * len(tokens), score, (source, pos))
         self._proposal = (len(self.context), draft)
