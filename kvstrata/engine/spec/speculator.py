@@ -6,7 +6,8 @@ the k drafted ones in one pass (the runner gives it k + 1 rows of logits, verify
 model agrees with). Drafts take room the step leaves: the step budget, free KV pages (never by
 preempting), and under `auto` at most `spec_max_step_rows` rows in all: up to there a step costs its
 weight reads, wider it is compute-bound and each extra row costs about what a decode step saves.
-Rows with the best drafts (most expected accepted tokens) are served first.
+Rows with the best drafts (most expected accepted tokens) are served first; under `auto` a step that
+computes a prompt chunk takes no drafts (its request's first token would wait on them).
 
 Modes (`--speculative`): `ngram` drafts from the request's own prompt and output (prompt lookup);
 `suffix` also from its tenant's recent outputs (the `extra_key`: a tenant's text never drafts for
@@ -58,7 +59,7 @@ class Speculator:
         `spec_max_step_rows` rows. A long context makes a row dearer: it is scored once a row."""
         rows = sum(batch.num_tokens)
         room = budget if self.max_step_rows is None else min(budget, self.max_step_rows - rows)
-        if room <= 0:
+        if room <= 0 or (self.max_step_rows is not None and self.computes_a_prompt(batch)):
             return
         cost = self.cost
         offers: list[tuple[float, float, int, int]] = []  # (gain / time, gain, request index, position in its draft)
@@ -99,6 +100,14 @@ class Speculator:
             kv.allocate(req, 1 + k)
             batch.drafts[i] = drafts[i][:k]
             batch.num_tokens[i] += k
+
+    @staticmethod
+    def computes_a_prompt(batch: ScheduledBatch) -> bool:
+        """Whether a request of the batch computes prompt tokens this step (a chunk, or a preempted request's
+        recompute). `auto` adds no drafts to such a step: the step is long (a chunk of rows over its
+        context), so a drafted row looks cheap beside it, but every row it adds is time that request's first
+        token waits (docs/speculative.md: multiround's later rounds)."""
+        return any(n != 1 or not batch.samples(i) for i, n in enumerate(batch.num_tokens))
 
     def emitted(self, req: Request, tokens: list[int], drafted: int, accepted: int) -> None:
         """The request's step emitted `tokens`; `accepted` of its `drafted` tokens were the model's."""

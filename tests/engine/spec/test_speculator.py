@@ -12,6 +12,7 @@ import pytest
 
 from kvstrata.engine.llm import LLM
 from kvstrata.engine.sampling_params import SamplingParams
+from kvstrata.engine.spec.speculator import Speculator
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
 
@@ -131,6 +132,41 @@ def test_auto_drafts_what_pays_for_its_row(tiny_model_dir: Path, pays: float, jo
     spec.draft(batch, eng.scheduler.kv, 100)
     assert bool(batch.draft(0)) == joins
     eng.postprocess(batch, eng.runner.run(batch))
+    eng.check_integrity()
+
+
+@pytest.mark.parametrize("mode", ["auto", "suffix"])
+def test_auto_adds_no_drafts_to_a_step_that_computes_a_prompt(tiny_model_dir: Path, mode: str) -> None:
+    """A decode row with a draft that pays, in a step beside another request's prompt chunk: auto leaves
+    the draft out (the prompt's first token would wait on it), and drafts again once the step decodes
+    only; an explicit mode (suffix) drafts in both."""
+    from kvstrata.engine.spec.cost import StepCost
+
+    llm = make(tiny_model_dir, speculative=mode, max_num_batched_tokens=64, chunked_prefill_size=32)
+    eng, spec = llm.engine, llm.engine.spec
+    spec.cost, spec.measured = StepCost(base=1e3, per_row=1e-9, per_token=0.0, per_token_extra=0.0), True  # pays
+    eng.add_request("a", repetitive_prompts(1, seed=3)[0], SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True))
+    for _ in range(80):  # until the random model's looping output gives the drafter a match
+        batch = eng.scheduler.schedule()
+        if batch.requests[0].num_output_tokens and spec._drafter(batch.requests[0]).propose().tokens:
+            break
+        eng.postprocess(batch, eng.runner.run(batch))
+    else:
+        pytest.fail("no draft in 80 steps")
+    eng.postprocess(batch, eng.runner.run(batch))  # the step with a's draft, undrafted
+    eng.add_request("b", list(range(3, 103)), SamplingParams(max_tokens=4, temperature=0.0))
+    offered = [0, 0]  # steps where a's drafter had a draft: with b's prompt, without
+    for step in range(6):
+        batch = eng.scheduler.schedule()
+        prompt = Speculator.computes_a_prompt(batch)
+        assert prompt == (step < 4)  # b's 100 tokens in chunks of 32, then two rows of decode
+        spec.draft(batch, eng.scheduler.kv, 100)
+        i = [r.request_id for r in batch.requests].index("a")
+        has_draft = spec._drafter(batch.requests[i]).propose().tokens != []
+        assert bool(batch.draft(i)) == (has_draft and not (prompt and mode == "auto")), step
+        offered[not prompt] += has_draft
+        eng.postprocess(batch, eng.runner.run(batch))
+    assert offered[0] and offered[1], offered  # both kinds of step were tried
     eng.check_integrity()
 
 
