@@ -40,6 +40,21 @@ inline __m256 bytes8(const uint8_t* p) {  // 8 unsigned bytes as floats
 
 enum class Q4 { kStored, kSymmetric, kBlocks };  // the q4 formats: q4, q4s, q4k (int_dot_common.h)
 
+// Tile j's scales and biases for the 8 output rows of half h (wb: the tile, w: its column): d * sc and
+// -dmin * m (q4k), else the stored float16 scales and biases (a symmetric format's from its scales)
+template <Q4 M>
+inline void q4_half_scales(const uint8_t* w, const uint8_t* wb, int64_t j, int h, __m256& sc, __m256& bi) {
+  constexpr Format f = M == Q4::kBlocks ? kQ4k : M == Q4::kSymmetric ? kQ4s : kQ4;
+  if constexpr (M == Q4::kBlocks) {
+    const uint8_t* dm = k_super_scales(w, j);
+    sc = _mm256_mul_ps(HALVES(dm + 16 * h), bytes8(wb + kLowBytes + 8 * h));
+    bi = _mm256_mul_ps(HALVES(dm + 32 + 16 * h), bytes8(wb + kLowBytes + kLanes + 8 * h));
+  } else {
+    sc = HALVES(wb + kLowBytes + 16 * h);
+    bi = biases<M == Q4::kSymmetric>(wb + kLowBytes + 32 + 16 * h, sc, f);
+  }
+}
+
 // q4: out[r][i] for N <= 4 rows from r0 of one tile column, both halves of each tile (half h: output
 // rows 8h..8h+7) in one pass, so the column streams once (W: wide, 16-bit activations; else 8-bit ones,
 // whose hi bytes are 0 and skipped; M: which q4 format)
@@ -76,14 +91,7 @@ void q4_tiles(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, flo
     }
     for (int h = 0; h < NH; ++h) {
       __m256 sc, bi;
-      if constexpr (M == Q4::kBlocks) {  // d * sc, -dmin * m
-        const uint8_t* dm = k_super_scales(w, j);
-        sc = _mm256_mul_ps(HALVES(dm + 16 * h), bytes8(wb + kLowBytes + 8 * h));
-        bi = _mm256_mul_ps(HALVES(dm + 32 + 16 * h), bytes8(wb + kLowBytes + kLanes + 8 * h));
-      } else {
-        sc = HALVES(wb + kLowBytes + 16 * h);
-        bi = biases<M == Q4::kSymmetric>(wb + kLowBytes + 32 + 16 * h, sc, f);
-      }
+      q4_half_scales<M>(w, wb, j, h, sc, bi);
       for (int r = 0; r < N; ++r) {
         __m256i dot = _mm256_madd_epi16(sl[r][h], ones);
         if constexpr (W) dot = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(sh[r][h], ones), 8), dot);
@@ -117,14 +125,7 @@ void q4_rows_half(const Activations& a, int64_t r0, int R, int64_t K, const uint
       hi[v] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
     }
     __m256 sc, bi;
-    if constexpr (M == Q4::kBlocks) {  // d * sc, -dmin * m
-      const uint8_t* dm = k_super_scales(w, j);
-      sc = _mm256_mul_ps(HALVES(dm + 16 * h), bytes8(wb + kLowBytes + 8 * h));
-      bi = _mm256_mul_ps(HALVES(dm + 32 + 16 * h), bytes8(wb + kLowBytes + kLanes + 8 * h));
-    } else {
-      sc = HALVES(wb + kLowBytes + 16 * h);
-      bi = biases<M == Q4::kSymmetric>(wb + kLowBytes + 32 + 16 * h, sc, f);
-    }
+    q4_half_scales<M>(w, wb, j, h, sc, bi);
     const int8_t* x = a.lo.data() + r0 * K + j * kGroup;
     for (int r = 0; r < R; ++r, x += K) {
       __m256i s0 = _mm256_maddubs_epi16(lo[0], _mm256_set1_epi32(load4(x)));
@@ -271,7 +272,7 @@ void hb_rows_half(const Activations& a, int64_t r0, int R, int64_t K, const uint
                                    _mm256_maddubs_epi16(qb[v + 1], _mm256_set1_epi32(load4(x + 20 + 4 * v))));
       }
       __m256i dl[G];
-      if constexpr (G == 1) {  // q5 (at most 31): a v's two products fit 16 bits with the next v's
+      if constexpr (G == 1) {  // q5: one group
         dl[0] = _mm256_add_epi32(_mm256_add_epi32(pair_sums(p[0][0]), pair_sums(p[1][0])),
                                  _mm256_add_epi32(pair_sums(p[0][1]), pair_sums(p[1][1])));
       } else {  // q6: group 0 the block's first 16 inputs, group 1 the rest
@@ -352,10 +353,9 @@ void avx2_tiles(const Activations& a, int64_t r0, int R, int64_t K, const uint8_
     return;
   }
   if (!W && R >= kRowsHalfMin && f.high_bits != 4) {  // q5/q6, 8-bit rows: a half a pass (hb_rows_half)
-    for (int h = 0; h < 2; ++h) {
-      if (f.high_bits == 1) f.symmetric ? hb_rows_half<1, 1, true>(a, r0, R, K, w, out, h) : hb_rows_half<1, 1, false>(a, r0, R, K, w, out, h);
-      else f.symmetric ? hb_rows_half<2, 2, true>(a, r0, R, K, w, out, h) : hb_rows_half<2, 2, false>(a, r0, R, K, w, out, h);
-    }
+    const auto half = f.high_bits == 1 ? (f.symmetric ? hb_rows_half<1, 1, true> : hb_rows_half<1, 1, false>)
+                                       : (f.symmetric ? hb_rows_half<2, 2, true> : hb_rows_half<2, 2, false>);
+    for (int h = 0; h < 2; ++h) half(a, r0, R, K, w, out, h);
     return;
   }
   if (!W || R <= 2) {
