@@ -261,6 +261,11 @@ void hb_rows_half(const Activations& a, int64_t r0, int R, int64_t K, const uint
       qa[v] = _mm256_or_si256(_mm256_and_si256(raw, m4), _mm256_slli_epi16(_mm256_and_si256(H, m4), 4));
       qb[v] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4), _mm256_and_si256(H, m4h));
     }
+    __m256 sc[G], bi[G];  // the half's scales and biases, once a tile for all rows
+    for (int g = 0; g < G; ++g) {
+      sc[g] = HALVES(sp + 32 * g + 16 * h);
+      bi[g] = biases<S>(sp + 32 * G + 32 * g + 16 * h, sc[g], f);
+    }
     const int8_t* x = a.lo.data() + r0 * K + j * kGroup;
     for (int r = 0; r < R; ++r, x += K) {
       __m256i p[2][2];  // [inputs 4v.. or 16 + 4v..][v < 2 or v >= 2]: two products a pair, in 16 bits
@@ -283,13 +288,9 @@ void hb_rows_half(const Activations& a, int64_t r0, int R, int64_t K, const uint
       const __m256 sx = _mm256_set1_ps(a.scale[at]);
       float* o = out + r * kLanes + 8 * h;
       __m256 acc = _mm256_loadu_ps(o);
+      for (int g = 0; g < G; ++g) acc = _mm256_fmadd_ps(_mm256_mul_ps(sc[g], sx), _mm256_cvtepi32_ps(dl[g]), acc);
       for (int g = 0; g < G; ++g)
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(HALVES(sp + 32 * g + 16 * h), sx), _mm256_cvtepi32_ps(dl[g]), acc);
-      for (int g = 0; g < G; ++g) {
-        const float xs = G == 1 ? a.sum[at] : a.sum16[2 * at + g];
-        const __m256 bi = biases<S>(sp + 32 * G + 32 * g + 16 * h, HALVES(sp + 32 * g + 16 * h), f);
-        acc = _mm256_fmadd_ps(bi, _mm256_set1_ps(xs), acc);
-      }
+        acc = _mm256_fmadd_ps(bi[g], _mm256_set1_ps(G == 1 ? a.sum[at] : a.sum16[2 * at + g]), acc);
       _mm256_storeu_ps(o, acc);
     }
   }
