@@ -116,7 +116,7 @@ def load_gguf(path: Path, dtype: torch.dtype = torch.float32, quant: str | None 
         for rows in out.rows.values():
             rows.cache = cache
         if cached is None and out.tiles:
-            cache.save("tiles", out.tiles)
+            out.tiles = cache.save_and_map("tiles", out.tiles)  # the built tiles go: later starts' form
     if quant == "int_dot":
         logger.info("event=gguf_tiles source=%s tensors=%d", "converted" if cached is None else "cache", len(out.tiles))
     return out

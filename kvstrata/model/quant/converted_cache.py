@@ -3,9 +3,9 @@
 Our integer kernels run their own tile layout (int_dot.py), not the GGUF's blocks, and the LM head runs
 as int8 (int8_head.py), so a quantized start converts every linear and the head: ~4-5 s of a 1B Q4_K_M
 file's start on 2 cores, most of its time to healthy. llama.cpp maps its file and starts in 1-2 s. Here
-the converted tensors of a file are saved once under `<model home>/converted/`, and later starts map
-them (copy-on-write, so nothing can write to the file; pages are read as the kernels touch them, and
-stay the kernel's to drop, as a mapped GGUF's are).
+the converted tensors of a file are saved once under `<model home>/converted/`, and starts map them
+(copy-on-write, so nothing can write to the file; pages are read as the kernels touch them, and stay the
+kernel's to drop, as a mapped GGUF's are); the start that converts maps what it saved, too.
 
 A group (the tiles, the int8 head) lives in its own folder named by the GGUF's content identity (the
 SHA-256 of the whole file) and by `LAYOUT`, a digest of the source that writes the converted bytes: a
@@ -142,6 +142,14 @@ class ConvertedCache:
         kept = self.load(group)
         if kept is not None:
             return kept
-        built = build()
-        self.save(group, built)
-        return built
+        return self.save_and_map(group, build())
+
+    def save_and_map(self, group: str, built: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Save `built` and return the saved copy mapped from disk, so a first start holds what later starts
+        hold: file pages, shared by every process that maps them, not a private copy each (two ranks of a 1B
+        Q4_K_M converting at once: 3,831 -> 3,172 MiB PSS at healthy). `built` itself where the group could
+        not be written or read back."""
+        if not self.save(group, built):
+            return built
+        mapped = self.load(group)
+        return built if mapped is None else mapped

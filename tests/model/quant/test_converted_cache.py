@@ -90,23 +90,42 @@ def test_folders_of_deleted_or_changed_ggufs_go(tmp_path: Path) -> None:
     assert index["source"] == {"path": str(c.resolve()), "size": 4}
 
 
+def mapped_from(t: torch.Tensor, folder: Path) -> bool:
+    """Whether t's bytes lie in this process's mapping of folder/data.bin (/proc/self/maps)."""
+    target = str((folder / "data.bin").resolve())
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, *_, path = line.split(maxsplit=5)
+        lo, hi = (int(x, 16) for x in span.split("-"))
+        if path.strip() == target and lo <= t.data_ptr() < hi:
+            return True
+    return False
+
+
 def test_smollm2_kept_tiles_and_head_are_the_converted_ones(smollm2_path: Path, tmp_path: Path) -> None:
-    """Loaded for the integer kernels with no dense copies (as wide files are), twice: the second load maps
-    the tiles the first converted, and the int8 head built from the file's rows comes back the same."""
+    """Loaded for the integer kernels with no dense copies (as wide files are), converted without a cache,
+    then twice with one: the first load converts, saves and then serves the saved copy mapped from disk
+    (as later loads do, so ranks that convert at once share its pages), the second maps it; the tiles and
+    the int8 head built from the file's rows are the converted ones either way."""
     from kvstrata.model.embed_head import EMBED, Head
     from kvstrata.model.weights import load_weights
 
-    def load() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        w = load_weights(smollm2_path, torch.float32, "int_dot", keep_dense=False, cache_root=tmp_path)
+    def load(root: Path | None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        w = load_weights(smollm2_path, torch.float32, "int_dot", keep_dense=False, cache_root=root)
         head = Head(None, w.rows[EMBED], quantized=True, int_dot=True, dtype=torch.float32)
         assert head.int8 is not None
         return w.tiles, head.int8.tensors()
 
-    (tiles, head), (kept_tiles, kept_head) = load(), load()
-    names = [p.name for p in tmp_path.iterdir()]
-    assert len(names) == 2 and any("-tiles-" in n for n in names) and any("-int8head-intdot-" in n for n in names)
-    assert tiles and sorted(kept_tiles) == sorted(tiles) and sorted(kept_head) == sorted(head)
-    pairs = [(kept_tiles[n], tiles[n]) for n in tiles] + [(kept_head[n], head[n]) for n in head]
-    for kept, converted in pairs:
-        assert kept.dtype == converted.dtype and torch.equal(kept, converted)
-    assert all(kept_tiles[n].data_ptr() != tiles[n].data_ptr() for n in tiles)  # mapped anew
+    tiles, head = load(None)
+    (first_tiles, first_head), (kept_tiles, kept_head) = load(tmp_path), load(tmp_path)
+    folders = {f.name.split("-")[-2]: f for f in tmp_path.iterdir()}
+    assert sorted(folders) == ["intdot", "tiles"]  # ...-int8head-intdot-<layout>, ...-tiles-<layout>
+    assert tiles and sorted(kept_tiles) == sorted(first_tiles) == sorted(tiles)
+    assert sorted(kept_head) == sorted(first_head) == sorted(head)
+    for group, converted in (("tiles", (first_tiles, kept_tiles, tiles)), ("intdot", (first_head, kept_head, head))):
+        first, kept, built = converted
+        for n, t in built.items():
+            for loaded in (first[n], kept[n]):
+                assert loaded.dtype == t.dtype and torch.equal(loaded, t), n
+                assert t.numel() == 0 or mapped_from(loaded, folders[group]), (group, n)
+            assert not mapped_from(t, folders[group])
+    assert all(kept_tiles[n].data_ptr() != first_tiles[n].data_ptr() for n in tiles)  # mapped anew
