@@ -22,6 +22,7 @@ from typing import Any
 
 from kvstrata.bench.args import add_client_arguments
 from kvstrata.bench.compare.engines import ENGINES, EngineUnavailable, RunningServer
+from kvstrata.bench.compare.interleave import check_interleave, ratio_lines, run_interleaved
 
 
 def add_compare_args(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +36,9 @@ def add_compare_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--port", type=int, default=8300, help="port each engine serves on, in turn (default: %(default)s)")
     group.add_argument("--out-dir", default="bench/results", help="where the JSON, table and plots go (default: %(default)s)")
     group.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
+    group.add_argument("--interleave", action="store_true",
+                       help="throughput only: start every engine (on --port, --port + 1, ...) and take the probe's "
+                            "measurements in turns, --probe-repeats rounds (interleave.py)")
     group.add_argument("--kvstrata-args", default="",
                        help="extra `kvstrata serve` flags, after the workload's own (e.g. repeat's "
                             "'--response-cache-size 1024'; a later flag wins)")
@@ -56,6 +60,8 @@ def _check(args: argparse.Namespace, engines: list[str]) -> None:
         raise ValueError(f"unknown engine(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(ENGINES)}")
     shlex.split(args.kvstrata_args)  # unbalanced quotes: ValueError
     COMPARE_WORKLOADS[args.workload].check(args)
+    if args.interleave:
+        check_interleave(args, engines)
     if not args.no_throughput:
         probe_config(args).validate()
     if COMPARE_WORKLOADS[args.workload].needs_tokenizer:
@@ -101,7 +107,7 @@ def _interrupt(sig: int, frame: FrameType | None) -> None:
 
 def run_compare(args: argparse.Namespace) -> int:
     from kvstrata.bench.compare.table import markdown_table, server_columns, throughput_columns
-    from kvstrata.bench.compare.workloads import COMPARE_WORKLOADS, workload_plot
+    from kvstrata.bench.compare.workloads import COMPARE_WORKLOADS, probe_config, workload_plot
     from kvstrata.bench.machine import machine_info, machine_line
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -115,7 +121,10 @@ def run_compare(args: argparse.Namespace) -> int:
     stem = f"{args.workload}-{datetime.now(timezone.utc):%Y-%m-%d}"
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM unwinds like Ctrl-C: servers are stopped
     try:
-        results = {name: run_engine(name, args, out_dir, stem) for name in engines}
+        if args.interleave:
+            results = run_interleaved(engines, args, probe_config(args), out_dir, stem)
+        else:
+            results = {name: run_engine(name, args, out_dir, stem) for name in engines}
     except KeyboardInterrupt:
         print("compare: interrupted; the servers it started are stopped", file=sys.stderr)
         return 130
@@ -124,12 +133,12 @@ def run_compare(args: argparse.Namespace) -> int:
     argv = sys.argv[3:] if sys.argv[1:3] == ["bench", "compare"] else []  # as typed, when run from the shell
     command = " ".join(["kvstrata bench compare", shlex.join(argv)]).rstrip()
     summary = {"workload": args.workload, "date": stem.split("-", 1)[1], "command": command,
-               "machine": machine_info(), "engines": results}
+               "machine": machine_info(), "interleaved": args.interleave, "engines": results}
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
     probed = any(r.get("throughput") for r in results.values())
     columns = workload.columns + (throughput_columns(args.decode_batch) if probed else ()) + server_columns()
-    table = markdown_table(results, columns)
+    table = "\n\n".join([markdown_table(results, columns), *ratio_lines(results)])
     (out_dir / f"{stem}.md").write_text(f"`{command}` ({machine_line()})\n\n{table}\n")
     print(table)
     if not args.no_plots:

@@ -74,29 +74,40 @@ def decode_rate(results: Sequence[ChatResult]) -> dict[str, Any]:
             "chunks": sum(len(r.chunk_times) for r in ok)}  # fewer than tokens: the server sent several at once
 
 
-async def _probe(url: str, model: str, config: ProbeConfig) -> dict[str, Any]:
-    rng = random.Random(f"kvstrata-probe:{config.seed}")
-    failed: list[ChatResult] = []
-    async with ChatClient(url, model, 1, max_connections=config.decode_batch, extra_body={"ignore_eos": True}) as one, \
+def clients(url: str, model: str, config: ProbeConfig) -> tuple[ChatClient, ChatClient]:
+    """The probe's two clients for one server: one-token replies (warm-up, prefill) and decode streams."""
+    return (ChatClient(url, model, 1, max_connections=config.decode_batch, extra_body={"ignore_eos": True}),
             ChatClient(url, model, config.decode_tokens, max_connections=config.decode_batch,
-                       extra_body={"ignore_eos": True}) as many:
-        warm = await one.chat(decode_messages(rng))
-        failed += [warm] if not warm.ok else []
-        prefill: list[dict[str, Any]] = []
-        for _ in range(config.repeats):
-            r = await one.chat(prefill_messages(rng, config.prefill_tokens))
-            if not r.ok:
-                failed.append(r)
-                continue
-            seconds = r.ttft_s if r.ttft_s is not None else r.e2e_s
-            computed = (r.prompt_tokens - (r.cached_tokens or 0)) if r.prompt_tokens is not None else None
-            prefill.append({"prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens, "prefill_s": seconds,
-                            "tokens_per_s": computed / seconds if computed is not None and seconds > 0 else None})
-        decode: dict[str, dict[str, Any]] = {}
-        for batch in sorted({1, config.decode_batch}):
-            results = await asyncio.gather(*(many.chat(decode_messages(rng)) for _ in range(batch)))
-            failed += [r for r in results if not r.ok]
-            decode[str(batch)] = decode_rate(results)
+                       extra_body={"ignore_eos": True}))
+
+
+async def prefill_once(one: ChatClient, rng: random.Random, config: ProbeConfig,
+                       failed: list[ChatResult]) -> dict[str, Any] | None:
+    """One cold prompt of about `prefill_tokens`, alone: its prefill figures (None where it failed)."""
+    r = await one.chat(prefill_messages(rng, config.prefill_tokens))
+    if not r.ok:
+        failed.append(r)
+        return None
+    seconds = r.ttft_s if r.ttft_s is not None else r.e2e_s
+    computed = (r.prompt_tokens - (r.cached_tokens or 0)) if r.prompt_tokens is not None else None
+    return {"prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens, "prefill_s": seconds,
+            "tokens_per_s": computed / seconds if computed is not None and seconds > 0 else None}
+
+
+async def decode_once(many: ChatClient, rng: random.Random, batch: int, failed: list[ChatResult]) -> dict[str, Any]:
+    """`batch` decode streams sent together: their aggregate rate (decode_rate)."""
+    results = await asyncio.gather(*(many.chat(decode_messages(rng)) for _ in range(batch)))
+    failed += [r for r in results if not r.ok]
+    return decode_rate(results)
+
+
+def batches(config: ProbeConfig) -> list[int]:
+    return sorted({1, config.decode_batch})
+
+
+def summary(prefill: list[dict[str, Any]], decode: dict[str, dict[str, Any]], failed: list[ChatResult],
+            config: ProbeConfig) -> dict[str, Any]:
+    """The probe's report from its measurements (`decode`: each batch's decode_rate)."""
     rates = [p["tokens_per_s"] for p in prefill if p["tokens_per_s"] is not None]
     return {
         "prefill_tokens_per_s": sum(rates) / len(rates) if rates else None,
@@ -108,6 +119,23 @@ async def _probe(url: str, model: str, config: ProbeConfig) -> dict[str, Any]:
         "config": {"prefill_tokens": config.prefill_tokens, "decode_tokens": config.decode_tokens,
                    "decode_batch": config.decode_batch, "repeats": config.repeats},
     }
+
+
+def probe_rng(config: ProbeConfig) -> random.Random:
+    """The prompts' source: the same seed for every engine, so each is sent the same texts (new nonces)."""
+    return random.Random(f"kvstrata-probe:{config.seed}")
+
+
+async def _probe(url: str, model: str, config: ProbeConfig) -> dict[str, Any]:
+    rng = probe_rng(config)
+    failed: list[ChatResult] = []
+    one_client, many_client = clients(url, model, config)
+    async with one_client as one, many_client as many:
+        warm = await one.chat(decode_messages(rng))
+        failed += [warm] if not warm.ok else []
+        prefill = [p for _ in range(config.repeats) if (p := await prefill_once(one, rng, config, failed)) is not None]
+        decode = {str(b): await decode_once(many, rng, b, failed) for b in batches(config)}
+    return summary(prefill, decode, failed, config)
 
 
 def probe_throughput(url: str, model: str, config: ProbeConfig) -> dict[str, Any]:
