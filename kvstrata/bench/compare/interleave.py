@@ -27,6 +27,7 @@ from kvstrata.bench.compare.table import Report
 from kvstrata.bench.throughput.probe import (ProbeConfig, batches, clients, decode_messages, decode_once,
                                              prefill_once, probe_rng, summary)
 
+
 def check_interleave(args: argparse.Namespace, engines: list[str]) -> None:
     """ValueError where --interleave cannot run as asked (before any engine starts)."""
     if args.workload != "throughput" or args.no_throughput:
