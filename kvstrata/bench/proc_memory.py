@@ -18,6 +18,10 @@ class Memory:
     peak_mb: float
     processes: int
 
+    def meta(self) -> dict[str, float | int]:
+        """The report fields `bench compare` keeps for a server (MB to one decimal)."""
+        return {"rss_mb": round(self.rss_mb, 1), "peak_rss_mb": round(self.peak_mb, 1), "processes": self.processes}
+
 
 def _field_kb(status: str, name: str) -> int:
     for line in status.splitlines():

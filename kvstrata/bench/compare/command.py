@@ -70,12 +70,12 @@ def _check(args: argparse.Namespace, engines: list[str]) -> None:
 
 def run_engine(name: str, args: argparse.Namespace, out_dir: Path, stem: str) -> dict[str, Any]:
     """Start one engine, run the workload and the probe, stop it; its report (or {"error": why})."""
-    from kvstrata.bench.compare.workloads import COMPARE_WORKLOADS, probe_config
+    from kvstrata.bench.compare.workloads import COMPARE_WORKLOADS, probe_config, serve_extra
     from kvstrata.bench.proc_memory import session_memory
     from kvstrata.bench.throughput.probe import format_probe, probe_throughput
 
     workload = COMPARE_WORKLOADS[args.workload]
-    extra = [*workload.serve_args.get(name, ()), *(shlex.split(args.kvstrata_args) if name.startswith("kvstrata") else [])]
+    extra = serve_extra(name, args)
     print(f"compare: starting {name} on port {args.port} {' '.join(extra)}".rstrip(), file=sys.stderr)
     try:
         with RunningServer(ENGINES[name], args.port, args.tokenizer, out_dir / "logs" / f"{stem}-{name}.log",
@@ -92,9 +92,7 @@ def run_engine(name: str, args: argparse.Namespace, out_dir: Path, stem: str) ->
                 report["throughput"] = probe_throughput(srv.url, args.model, probe_config(args))
             if report.get("throughput"):
                 print(f"compare: {name}: {format_probe(report['throughput'])}", file=sys.stderr)
-            memory = session_memory(srv.proc.pid)  # the server and every process it started
-            report["meta"].update(rss_mb=round(memory.rss_mb, 1), peak_rss_mb=round(memory.peak_mb, 1),
-                                  processes=memory.processes)
+            report["meta"].update(session_memory(srv.proc.pid).meta())  # the server and every process it started
     except EngineUnavailable as exc:
         print(f"compare: skipping {name}: {exc}", file=sys.stderr)
         return {"error": str(exc)}

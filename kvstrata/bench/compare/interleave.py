@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shlex
 import sys
 from contextlib import AsyncExitStack, ExitStack
 from pathlib import Path
@@ -41,10 +40,12 @@ def check_interleave(args: argparse.Namespace, engines: list[str]) -> None:
 def _start(names: list[str], args: argparse.Namespace, out_dir: Path, stem: str,
            stack: ExitStack) -> tuple[dict[str, RunningServer], dict[str, Report]]:
     """Each engine started and waited for in turn; those that could not start are reported as errors."""
+    from kvstrata.bench.compare.workloads import serve_extra
+
     servers: dict[str, RunningServer] = {}
     reports: dict[str, Report] = {}
     for i, name in enumerate(names):
-        extra = shlex.split(args.kvstrata_args) if name.startswith("kvstrata") else []
+        extra = serve_extra(name, args)
         port = args.port + i
         print(f"compare: starting {name} on port {port} {' '.join(extra)}".rstrip(), file=sys.stderr)
         try:
@@ -118,9 +119,7 @@ def run_interleaved(names: list[str], args: argparse.Namespace, config: ProbeCon
             print(f"compare: probing {', '.join(servers)} in turns, {config.repeats} round(s)", file=sys.stderr)
             probes = asyncio.run(interleaved_probe({n: s.url for n, s in servers.items()}, args.model, config))
             for n, srv in servers.items():
-                memory = session_memory(srv.proc.pid)
-                reports[n]["meta"].update(rss_mb=round(memory.rss_mb, 1), peak_rss_mb=round(memory.peak_mb, 1),
-                                          processes=memory.processes)
+                reports[n]["meta"].update(session_memory(srv.proc.pid).meta())
                 reports[n].update(errors=probes[n]["errors"], throughput=probes[n])
                 print(f"compare: {n}: {format_probe(probes[n])}", file=sys.stderr)
     return reports

@@ -9,6 +9,7 @@ which is the point). To add a workload, add one entry; command.py has no per-wor
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -88,6 +89,13 @@ def _run_throughput(args: argparse.Namespace, url: str) -> Report:
 
 def _throughput_check(args: argparse.Namespace) -> object:
     return probe_config(args).validate()
+
+
+def serve_extra(name: str, args: argparse.Namespace) -> list[str]:
+    """The `serve` flags compare adds for engine `name`: the workload's own for it, then for kvstrata's
+    engines `--kvstrata-args` (a later flag wins)."""
+    own = COMPARE_WORKLOADS[args.workload].serve_args.get(name, ())
+    return [*own, *(shlex.split(args.kvstrata_args) if name.startswith("kvstrata") else [])]
 
 
 def probe_config(args: argparse.Namespace) -> ProbeConfig:
