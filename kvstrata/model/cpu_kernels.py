@@ -9,6 +9,7 @@ page pool), paged_prefill (causal prefill attention over the pages in bf16, on A
 products where the CPU has them), rms_norm, add_rms_norm, rope_store, silu_mul and int8_head_logits (the
 int8 LM head on VNNI or AVX2 integer dot products, model/quant/int8_head.py), int_dot_linear and
 int_dot_dequant (a GGUF's quantized linears on the same, from their own blocks, model/quant/int_dot.py),
+gguf_rows (rows of a GGUF matrix read and dequantized, model/quant/gguf_rows.py),
 and decode_layers (all layers of a pure decode step on those ops in one call, model/decode_layers.py). KVSTRATA_CPU_ISA=avx2 builds for the x86-64-v3
 level instead of -march=native (cpu_caps.py). A machine without a compiler gets False and a logged
 reason; callers keep the torch path.
@@ -36,7 +37,7 @@ CSRC = Path(__file__).parent / "csrc"
 SOURCES = (CSRC / "paged_decode.cpp", CSRC / "paged_prefill.cpp", CSRC / "rms_norm.cpp",
            CSRC / "rope_store.cpp", CSRC / "silu_mul.cpp", CSRC / "int8_head.cpp",
            CSRC / "int_dot_linear.cpp", CSRC / "int_dot_dequant.cpp",
-           CSRC / "decode_layers.cpp")  # paged_decode.cpp defines the op library
+           CSRC / "decode_layers.cpp", CSRC / "gguf_rows.cpp")  # paged_decode.cpp defines the op library
 HEADERS = (CSRC / "exp_approx.h", CSRC / "paged_prefill_portable.h", CSRC / "int_dot_common.h",
            CSRC / "int_dot_avx2.h", CSRC / "int_dot_q8_bytes.h")  # included by the sources: in the build tag too
 CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=fast"]

@@ -8,6 +8,10 @@ which MADV_RANDOM does not stop on Linux 6.18), so a 2k-token prompt of distinct
 52 MiB of it during the start-up warm-up alone, growing toward the whole tensor (79 MiB, Q6_K) as
 steps went on. Read, the rows stay in the page cache only. The map serves `chunk` (building the int8
 head once), after which `drop_pages` lets its pages go.
+
+With `native` set (the model sets it where our C++ ops are built), a step's rows are read and dequantized in
+one op (csrc/gguf_rows.cpp, the same bits as the `gguf` package's dequantize, which took ~5% of a 1B
+model's batch-1 decode step for its embedding row and 32 head candidates).
 """
 from __future__ import annotations
 
@@ -21,12 +25,17 @@ import torch
 
 from kvstrata.model.quant.converted_cache import ConvertedCache
 
+# the types csrc/gguf_rows.cpp decodes (others go through the `gguf` package)
+NATIVE_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
+
 
 class GgufRows:
     def __init__(self, path: Path, offset: int, nbytes: int, type_name: str, shape: tuple[int, int]) -> None:
         self.shape = shape  # [rows, columns], torch order
         self.type_name = type_name
         self.cache: ConvertedCache | None = None  # where what is built from these rows is kept (the int8 head)
+        self.native = False  # rows by csrc/gguf_rows.cpp (set where the op is built; for NATIVE_TYPES only)
+        self._ggml_type = self._type_id(type_name) if type_name in NATIVE_TYPES else -1
         # a map of this tensor's bytes only: [rows, bytes a row]
         self._raw = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(shape[0], nbytes // shape[0]))
         self._path, self._offset = path, offset
@@ -35,8 +44,14 @@ class GgufRows:
         weakref.finalize(self, os.close, self._fd)
 
     def __call__(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """[n, columns] in `dtype` for the rows `ids` [n] (any integer tensor), read from the file; a row
-        asked for several times (the head's candidates of a step's rows overlap) is read and decoded once."""
+        """[n, columns] in `dtype` for the rows `ids` [n] (any integer tensor), read from the file; on the
+        package's path a row asked for several times (the head's candidates of a step's rows overlap) is read
+        and decoded once (the op decodes a row in microseconds: it reads repeats again)."""
+        if self.native and self._ggml_type >= 0:
+            flat = ids.to(torch.int64).reshape(-1)
+            out = torch.ops.kvstrata.gguf_rows(self._fd, self._offset, self._raw.shape[1], flat, self._ggml_type,
+                                               self.shape[1], self.shape[0])
+            return out.view(*ids.shape, self.shape[1]).to(dtype)
         at = ids.to(torch.int64).numpy()
         if not at.size:
             return self.decode(self._raw[at], dtype)
@@ -53,6 +68,12 @@ class GgufRows:
             if os.preadv(self._fd, [out[i]], self._offset + r * width) != width:
                 raise OSError(f"{self._path}: short read of row {r}")
         return out
+
+    @staticmethod
+    def _type_id(type_name: str) -> int:
+        from gguf import GGMLQuantizationType
+
+        return int(GGMLQuantizationType[type_name].value)
 
     def chunk(self, start: int, stop: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.decode(self._raw[start:stop], dtype)

@@ -8,8 +8,13 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize
 
-from kvstrata.model.quant.gguf_rows import GgufRows
+from kvstrata.model import cpu_kernels
+from kvstrata.model.quant.blocks import BLOCK_TYPES
+from kvstrata.model.quant.gguf_rows import NATIVE_TYPES, GgufRows
+
+from quant_support import random_raw
 
 
 @pytest.mark.parametrize("type_name", ["Q6_K", "Q8_0", "Q4_K"])
@@ -73,3 +78,50 @@ def test_a_file_replaced_at_its_path_is_not_read(tmp_path: Path) -> None:
     other.write_bytes((raw ^ 0x55).tobytes())
     other.replace(path)
     assert torch.equal(reader(torch.arange(rows)), before)
+
+
+def random_rows(type_name: str, rows: int, columns: int, seed: int) -> np.ndarray:
+    """[rows, bytes a row] of a random matrix of `type_name` (finite values)."""
+    if type_name in BLOCK_TYPES:
+        return random_raw(type_name, rows, columns, seed=seed)
+    values = np.random.default_rng(seed).standard_normal((rows, columns)).astype(np.float32)
+    if type_name == "BF16":
+        return (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(rows, -1)
+    return values.astype(np.float16 if type_name == "F16" else np.float32).view(np.uint8).reshape(rows, -1)
+
+
+@pytest.mark.parametrize("type_name", sorted(NATIVE_TYPES))
+def test_the_op_reads_the_values_the_gguf_package_dequantizes(tmp_path: Path, type_name: str) -> None:
+    """csrc/gguf_rows.cpp, bit for bit against the package, rows in any order and repeated, in any shape of
+    ids; ids outside fail as on the package's path; a type it does not decode stays on that path."""
+    assert cpu_kernels.load_kernels()
+    rows, columns = 300, 512
+    raw = random_rows(type_name, rows, columns, seed=len(type_name))
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"\x05" * 32 + raw.tobytes())
+    reader = GgufRows(path, 32, raw.nbytes, type_name, (rows, columns))
+    reader.native = True
+    want = torch.from_numpy(dequantize(raw, GGMLQuantizationType[type_name]).reshape(rows, columns).astype(np.float32))
+    ids = torch.tensor(np.random.default_rng(4).integers(0, rows, 200))
+    ids[3] = ids[9] = rows - 1
+    got = reader(ids)
+    assert got.dtype == torch.float32 and got.abs().max() > 0
+    assert torch.equal(got.view(torch.int32), want[ids].view(torch.int32))  # the same bits
+    grid = reader(ids[:12].view(3, 4), torch.bfloat16)  # [3, 4] ids: [3, 4, columns], cast once
+    assert grid.shape == (3, 4, columns) and torch.equal(grid, want[ids[:12]].view(3, 4, columns).bfloat16())
+    assert reader(torch.tensor([], dtype=torch.int64)).shape == (0, columns)
+    with pytest.raises(IndexError):
+        reader(torch.tensor([0, rows]))
+    with pytest.raises(IndexError):
+        reader(torch.tensor([-1]))
+
+
+def test_types_the_op_does_not_decode_stay_on_the_package(tmp_path: Path) -> None:
+    assert "Q2_K" not in NATIVE_TYPES
+    rows, columns = 4, 256
+    raw = np.zeros((rows, GGML_QUANT_SIZES[GGMLQuantizationType.Q2_K][1]), dtype=np.uint8)
+    path = tmp_path / "m.gguf"
+    path.write_bytes(raw.tobytes())
+    reader = GgufRows(path, 0, raw.nbytes, "Q2_K", (rows, columns))
+    reader.native = True
+    assert reader(torch.tensor([1, 3])).shape == (2, columns)
