@@ -3,6 +3,7 @@
     PYTHONPATH=. python bench/step_profile.py [--dtype float32] [--prefill 2048] [--context 2048]
         [--decode-steps 32] [--profile] [--q4-decode off] [--attention-backend auto|torch_sdpa|cpu_paged]
         [--fused-ops auto|off] [--fused-decode-layers auto|off] [--ab-decode-layers BLOCKS] [--ab-act-bits BLOCKS]
+        [--ab-head-bits BLOCKS]
 
 Prints wall ms for the cold prefill of one `--prefill`-token prompt and ms per decode step at batch 1
 (one `--context`-token prompt) and batch 8 (eight `--context // 4`-token prompts); with `--profile`
@@ -10,7 +11,8 @@ also torch.profiler's top ops by self CPU time for each phase, and how much of t
 accounts for (Python between ops). With `--ab-decode-layers N`, only the decode steps at batch 1 and 8,
 alternating 16-step blocks with a step's layers in one op (kvstrata/model/decode_layers.py) and with
 the Python loop on one engine, N blocks each: the median ms per step of each; `--ab-act-bits N` alike
-with 16-bit and 8-bit integer activations (`--activation-bits`).
+with 16-bit and 8-bit integer activations (`--activation-bits`), `--ab-head-bits N` with the int8 and the 4-bit
+LM head (`--head-bits`).
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ import torch
 sys.path.insert(0, ".")
 from kvstrata.engine.llm import LLM  # noqa: E402
 from kvstrata.engine.sampling_params import SamplingParams  # noqa: E402
+from kvstrata.model.quant.int8_head import Int8Head  # noqa: E402
+from kvstrata.model.quant.q4_head import Q4Head  # noqa: E402
 
 GREEDY = SamplingParams(max_tokens=4096, temperature=0.0, ignore_eos=True)
 
@@ -86,48 +90,60 @@ def decode_steps(llm: LLM, batch: list[list[int]], steps: int, profile: bool, la
 
 
 def ab_decode_layers(llm: LLM, batch: list[list[int]], blocks: int, label: str) -> None:
-    """ms per decode step with the layers in one op (model.decode_layers) and with the Python loop,
-    alternating blocks of 16 steps on one engine (so the VM's slow phases hit both): medians."""
-    eng, model = llm.engine, llm.engine.model
+    """A step's layers in one op (model.decode_layers) against the Python loop."""
+    model = llm.engine.model
     op = model.decode_layers
     if op is None:
         print(f"{label}: the decode-layers op does not apply to this model or CPU")
         return
+    ab_blocks(llm, batch, blocks, label, {"one op": lambda: setattr(model, "decode_layers", op),
+                                          "Python loop": lambda: setattr(model, "decode_layers", None)})
+    model.decode_layers = op
+
+
+def ab_blocks(llm: LLM, batch: list[list[int]], blocks: int, label: str, modes: dict[str, Callable[[], None]]) -> None:
+    """ms per decode step in each mode (a function that sets it), alternating blocks of 16 steps on one
+    engine, so the VM's slow phases hit every mode: medians."""
+    eng = llm.engine
     start_decoding(llm, batch, label)
-    times: dict[str, list[float]] = {"one op": [], "Python loop": []}
-    for b in range(2 * blocks):
-        mode = "one op" if b % 2 == 0 else "Python loop"
-        model.decode_layers = op if b % 2 == 0 else None
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    for b in range(len(modes) * blocks):
+        mode = list(modes)[b % len(modes)]
+        modes[mode]()
         t = time.perf_counter()
         for _ in range(16):
             eng.step()
         times[mode].append((time.perf_counter() - t) / 16 * 1e3)
-    model.decode_layers = op
     abort_running(llm)
     print(f"{label}: " + ", ".join(f"{m} {statistics.median(v):.2f} ms/step" for m, v in times.items())
           + f" (medians of {blocks} blocks of 16 steps each)")
 
 
 def ab_act_bits(llm: LLM, batch: list[list[int]], blocks: int, label: str) -> None:
-    """ms per decode step with 16-bit and 8-bit integer activations, alternating blocks of 16 steps on one
-    engine: medians (the K/V the two write differ slightly; the step's work does not)."""
-    eng = llm.engine
-    if not llm.engine.model.uses_int_dot:
+    """16-bit and 8-bit integer activations (the K/V the two write differ slightly; the step's work does not)."""
+    model = llm.engine.model
+    if not model.uses_int_dot:
         print(f"{label}: no linear runs on the integer-dot kernels here")
         return
-    start_decoding(llm, batch, label)
-    times: dict[int, list[float]] = {16: [], 8: []}
-    for b in range(2 * blocks):
-        bits = 16 if b % 2 == 0 else 8
-        llm.engine.model.set_act_bits(bits)
-        t = time.perf_counter()
-        for _ in range(16):
-            eng.step()
-        times[bits].append((time.perf_counter() - t) / 16 * 1e3)
-    llm.engine.model.set_act_bits(16)
-    abort_running(llm)
-    print(f"{label}: " + ", ".join(f"{bits}-bit activations {statistics.median(v):.2f} ms/step" for bits, v in times.items())
-          + f" (medians of {blocks} blocks of 16 steps each)")
+    ab_blocks(llm, batch, blocks, label, {"16-bit activations": lambda: model.set_act_bits(16),
+                                          "8-bit activations": lambda: model.set_act_bits(8)})
+    model.set_act_bits(16)
+
+
+def ab_head_bits(llm: LLM, batch: list[list[int]], blocks: int, label: str) -> None:
+    """The int8 LM head against the 4-bit one (quant/q4_head.py), both built from the model's exact head rows
+    (greedy: each rescores its top 32)."""
+    head = llm.engine.model.head
+    rows = head.rows.chunk if head.dense is None else (lambda start, stop: head.dense[start:stop])
+    vocab, hidden = (head.dense if head.dense is not None else head.rows).shape
+    if not llm.engine.model.uses_int_dot:
+        print(f"{label}: the 4-bit head runs on the integer-dot kernels, which this model does not use")
+        return
+    heads = {8: Int8Head.from_rows(rows, vocab, hidden, True), 4: Q4Head.from_rows(rows, vocab, hidden)}
+    before = head.quant
+    ab_blocks(llm, batch, blocks, label, {f"{bits}-bit head": (lambda h=h: setattr(head, "quant", h))
+                                          for bits, h in heads.items()})
+    head.quant = before
 
 
 def main() -> None:
@@ -148,6 +164,8 @@ def main() -> None:
                     help="only compare decode steps with the layers in one op against the Python loop, BLOCKS each")
     ap.add_argument("--ab-act-bits", type=int, default=0, metavar="BLOCKS",
                     help="only compare decode steps with 16-bit and 8-bit integer activations, BLOCKS each")
+    ap.add_argument("--ab-head-bits", type=int, default=0, metavar="BLOCKS",
+                    help="only compare decode steps with the int8 and the 4-bit LM head, BLOCKS each")
     a = ap.parse_args()
     llm = LLM(a.model, dtype=a.dtype, q4_decode=a.q4_decode, enable_prefix_caching=False, max_total_tokens=16384,
               attention_backend=a.attention_backend, fused_ops=a.fused_ops,
@@ -158,10 +176,11 @@ def main() -> None:
         ab_decode_layers(llm, prompts(1, 1, a.context), a.ab_decode_layers, f"decode b1 ctx {a.context}")
         ab_decode_layers(llm, prompts(2, 8, a.context // 4), a.ab_decode_layers, f"decode b8 ctx {a.context // 4}")
         return
-    if a.ab_act_bits:
-        for batch in (1, 8):
-            ab_act_bits(llm, prompts(batch, batch, a.context // batch), a.ab_act_bits, f"decode b{batch} ctx {a.context // batch}")
-        return
+    for blocks, ab in ((a.ab_act_bits, ab_act_bits), (a.ab_head_bits, ab_head_bits)):
+        if blocks:
+            for batch in (1, 8):
+                ab(llm, prompts(batch, batch, a.context // batch), blocks, f"decode b{batch} ctx {a.context // batch}")
+            return
     long_prompt = prompts(0, 1, a.prefill)[0]
     one = SamplingParams(max_tokens=1, temperature=0.0)
     wall = profiled(lambda: llm.generate([long_prompt], one), a.profile, f"prefill {a.prefill}")

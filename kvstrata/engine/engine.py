@@ -35,7 +35,7 @@ from kvstrata.model.cpu_caps import read_cpu_info
 from kvstrata.model.dtype_plan import plan_dtype
 from kvstrata.model.fetch import model_home, resolve_model
 from kvstrata.model.llama import LlamaModel
-from kvstrata.model.quant.plan import (activation_bits, prefill_mode, q4_decode_wanted, quant_backend, unmet_request,
+from kvstrata.model.quant.plan import (activation_bits, head_bits, prefill_mode, q4_decode_wanted, quant_backend, unmet_request,
                                        weights_plan_line)
 from kvstrata.model.tokenizer import Tokenizer
 from kvstrata.model.weights import load_weights
@@ -103,8 +103,10 @@ class Engine:
                                 rows=weights.rows, decode_max_rows=DECODE_MAX_ROWS.get(dtype),
                                 fused_ops=model_cfg.fused_ops == "auto",
                                 fused_decode_layers=model_cfg.fused_decode_layers == "auto",
-                                act_bits=act_bits, int_prefill=prefill == "int")
-        why = unmet_request(model_cfg.activation_bits, model_cfg.prefill_weights, self.model.uses_int_dot)
+                                act_bits=act_bits, int_prefill=prefill == "int",
+                                head_bits=head_bits(model_cfg.head_bits, act_bits))
+        why = unmet_request(model_cfg.activation_bits, model_cfg.prefill_weights, self.model.uses_int_dot,
+                            model_cfg.head_bits)
         if why:
             raise ConfigError(why)
         if model_cfg.q4_decode == "on" and not self.model.uses_quant:

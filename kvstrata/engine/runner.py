@@ -109,9 +109,11 @@ class ModelRunner:
         """The tokens each request emits this step: its next token when it reaches the end of its tokens
         (after a draft, the accepted drafted tokens then the model's next: spec/verify.py), else None."""
         input_ids, positions, meta, rows = self.prepare(batch)
-        logits = self.model.forward(input_ids, positions, meta, self.pool.k, self.pool.v, rows)
         sampling = [i for i in range(len(batch)) if batch.samples(i)]
         reqs = [batch.requests[i] for i in sampling]
+        # a sampled or constrained row reads more than the argmax: a 4-bit head rescores more candidates
+        wide = any(not r.params.greedy or r.matcher is not None for r in reqs)
+        logits = self.model.forward(input_ids, positions, meta, self.pool.k, self.pool.v, rows, wide)
         specs = [SampleSpec(r.params.temperature, r.params.top_p, r.params.top_k, r.sampling_generator(logits.device))
                  for r in reqs]
         drafts = [batch.draft(i) for i in sampling]

@@ -2,9 +2,9 @@
 
 A dense model holds both as [V, hidden] tensors (one, when tied). A GGUF loaded without dense copies
 holds the embedding as rows of the file (quant/gguf_rows.py: a step reads its tokens' rows) and
-the head as int8 (quant/int8_head.py) whose top candidates per row are rescored from the file's rows.
-Narrow steps of a quantized model use the int8 head either way; wide steps use the dense head when
-there is one.
+the head quantized, int8 (quant/int8_head.py) or with `head_bits` 4 in 4-bit blocks (quant/q4_head.py),
+whose top candidates per row are rescored from the file's rows. Narrow steps of a quantized model use
+the quantized head either way; wide steps use the dense head when there is one.
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from kvstrata.model.quant.gguf_rows import GgufRows
-from kvstrata.model.quant.int8_head import Int8Head, int8_head_supported
+from kvstrata.model.quant.int8_head import RESCORE_TOP, Int8Head, int8_head_supported
+from kvstrata.model.quant.q4_head import WIDE_RESCORE, Q4Head, q4_head_packable
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
@@ -31,32 +32,42 @@ class Embedding:
 
 class Head:
     def __init__(self, dense: torch.Tensor | None, rows: GgufRows | None, quantized: bool, int_dot: bool,
-                 dtype: torch.dtype) -> None:
-        """`quantized`: the model runs quantized linears (narrow steps then take the int8 head);
-        `int_dot`: our int8 kernel where it can run (else torch's)."""
+                 dtype: torch.dtype, head_bits: int = 8) -> None:
+        """`quantized`: the model runs quantized linears (narrow steps then take the quantized head);
+        `int_dot`: our integer-dot kernels where they can run (else torch's int8 kernel); `head_bits` 4:
+        the 4-bit candidate head (q4_head.py, on those kernels), else int8."""
         if dense is None and (rows is None or not int8_head_supported()):
             assert rows is not None, "a head needs dense weights or the file's rows"
             dense = rows.chunk(0, rows.shape[0], dtype)  # no int8 kernel here: the dense head after all
         self.dense, self.rows = dense, rows
-        self.int8: Int8Head | None = None
+        self.quant: Int8Head | Q4Head | None = None
         if (quantized or dense is None) and int8_head_supported():
-            if dense is not None:
-                self.int8 = Int8Head.quantize(dense, int_dot)
-            else:
-                assert rows is not None
-                r = rows
+            source = rows.chunk if dense is None else (lambda start, stop: dense[start:stop])
+            vocab, hidden = (dense if dense is not None else rows).shape  # type: ignore[union-attr]
+            four = head_bits == 4 and int_dot and q4_head_packable(vocab, hidden)
 
-                def build() -> dict[str, torch.Tensor]:
-                    head = Int8Head.from_rows(r.chunk, r.shape[0], r.shape[1], int_dot)
-                    r.drop_pages()  # read whole once; later only a step's candidate rows
-                    return head.tensors()
+            def build() -> dict[str, torch.Tensor]:
+                head = Q4Head.from_rows(source, vocab, hidden) if four else Int8Head.from_rows(source, vocab, hidden, int_dot)
+                if rows is not None and dense is None:
+                    rows.drop_pages()  # read whole once; later only a step's candidate rows
+                return head.tensors()
 
-                group = "int8head-intdot" if int_dot else "int8head"
-                self.int8 = Int8Head.of_tensors(rows.cache.get_or_build(group, build) if rows.cache else build())
+            group = "q4head-intdot" if four else "int8head-intdot" if int_dot else "int8head"
+            cache = rows.cache if rows is not None and dense is None else None
+            built = cache.get_or_build(group, build) if cache else build()
+            self.quant = Q4Head.of_tensors(built) if four else Int8Head.of_tensors(built)
 
-    def __call__(self, x: torch.Tensor, narrow: bool) -> torch.Tensor:  # [S, hidden] -> [S, V] float32
-        if self.int8 is not None and (narrow or self.dense is None):
-            return self.int8.logits(x, self.dense if self.dense is not None else self._exact_rows)
+    @property
+    def bits(self) -> int | None:
+        """The quantized head's bits (4 or 8), None without one."""
+        return None if self.quant is None else 4 if isinstance(self.quant, Q4Head) else 8
+
+    def __call__(self, x: torch.Tensor, narrow: bool, wide_rescore: bool = False) -> torch.Tensor:
+        """[S, hidden] -> [S, V] float32. `wide_rescore`: the step samples or constrains some row, so the
+        4-bit head rescores more candidates (WIDE_RESCORE: its tail is further from the exact logits)."""
+        if self.quant is not None and (narrow or self.dense is None):
+            top = WIDE_RESCORE if wide_rescore and isinstance(self.quant, Q4Head) else RESCORE_TOP
+            return self.quant.logits(x, self.dense if self.dense is not None else self._exact_rows, top)
         assert self.dense is not None
         return F.linear(x, self.dense).float()
 

@@ -85,12 +85,14 @@ class LlamaModel:
         fused_decode_layers: bool = True,
         act_bits: int = 16,
         int_prefill: bool = False,
+        head_bits: int = 8,
     ) -> None:
         """`tiles`: linears as int-dot tiles (run by our kernels, which must be built: cpu_kernels);
         `q4`: Q4 linears for torch's int4 kernel; `rows`: embedding / LM head read from the file
         where `tensors` has no dense copy (gguf_loader.py); `act_bits`: the integer activations of the
         int-dot linears (8 or 16, `--activation-bits`); `int_prefill`: wide steps' linears on them too
-        (`--prefill-weights int`)."""
+        (`--prefill-weights int`); `head_bits`: the quantized LM head's bits (8, or 4 on the integer-dot
+        kernels: `--head-bits`, embed_head.py)."""
         self.arch = arch
         self.q4_max_rows = q4_max_rows
         # a step of decode rows only (a batch, or a verify step's rows: engine/spec/) stays on the quantized
@@ -132,7 +134,7 @@ class LlamaModel:
         self.embedding = Embedding(embed, rows.get(EMBED), dtype)
         head_rows = rows.get(EMBED if arch.tie_word_embeddings else HEAD)
         self.head = Head(embed if arch.tie_word_embeddings else dense(HEAD), head_rows, self.uses_quant,
-                         self.uses_int_dot and cpu_kernels.int_dot_simd(), dtype)
+                         self.uses_int_dot and cpu_kernels.int_dot_simd(), dtype, head_bits)
         # a pure decode step's layers in one C++ call where every op of it is ours (decode_layers.py)
         self.decode_layers = (DecodeLayers.build(self.layers, arch, dtype, attention, self.fused_ops and self.uses_int_dot,
                                                  self.fused_silu, self.act_bits) if fused_decode_layers else None)
@@ -157,15 +159,15 @@ class LlamaModel:
 
     def resident_bytes(self) -> dict[str, int]:
         """Bytes the weights hold, by form (for the start-up plan line)."""
-        out = {"dense": 0, "quantized": 0, "int8_head": 0}
+        out = {"dense": 0, "quantized": 0, "lm_head": 0}
         for layer in self.layers:
             for lin in layer.linears():
                 out["dense"] += lin.dense.numel() * lin.dense.element_size() if lin.dense is not None else 0
                 out["quantized"] += lin.quant.nbytes() if lin.quant is not None else 0
         for t in {id(t): t for t in (self.embedding.dense, self.head.dense) if t is not None}.values():
             out["dense"] += t.nbytes
-        if self.head.int8 is not None:
-            out["int8_head"] = self.head.int8.weight.nbytes + (self.head.int8.pack.packed.nbytes if self.head.int8.pack else 0)
+        if self.head.quant is not None:
+            out["lm_head"] = self.head.quant.nbytes
         return out
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -234,6 +236,7 @@ class LlamaModel:
         k_cache: list[torch.Tensor],  # per layer [num_slots, Hkv, D]
         v_cache: list[torch.Tensor],
         logit_rows: torch.Tensor,  # [S] long: rows whose next-token logits are wanted
+        wide_rescore: bool = False,  # some row is sampled or constrained: the 4-bit head rescores more (embed_head.py)
     ) -> torch.Tensor:  # [S, V] float32
         T = input_ids.shape[0]
         cos_t, sin_t = self.cos[positions], self.sin[positions]  # [T, D]
@@ -243,7 +246,7 @@ class LlamaModel:
             self.decode_layers.run(x, self._norm(x, self.layers[0].input_norm), k_cache, v_cache, cos_t, sin_t, meta)
         else:
             self._layers(x, cos_t, sin_t, meta, k_cache, v_cache, narrow or self.int_prefill)
-        return self.head(self._norm(x[logit_rows], self.norm), narrow)
+        return self.head(self._norm(x[logit_rows], self.norm), narrow, wide_rescore)
 
     def _layers(self, x: torch.Tensor, cos_t: torch.Tensor, sin_t: torch.Tensor, meta: AttentionMetadata,
                 k_cache: list[torch.Tensor], v_cache: list[torch.Tensor], narrow: bool) -> None:

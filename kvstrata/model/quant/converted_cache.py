@@ -1,13 +1,13 @@
 """A GGUF's converted weights kept on disk: written at its first load, mapped from the file at later ones.
 
 Our integer kernels run their own tile layout (int_dot.py), not the GGUF's blocks, and the LM head runs
-as int8 (int8_head.py), so a quantized start converts every linear and the head: ~4-5 s of a 1B Q4_K_M
+quantized (int8_head.py, q4_head.py), so a quantized start converts every linear and the head: ~4-5 s of a 1B Q4_K_M
 file's start on 2 cores, most of its time to healthy. llama.cpp maps its file and starts in 1-2 s. Here
 the converted tensors of a file are saved once under `<model home>/converted/`, and starts map them
 (copy-on-write, so nothing can write to the file; pages are read as the kernels touch them, and stay the
 kernel's to drop, as a mapped GGUF's are); the start that converts maps what it saved, too.
 
-A group (the tiles, the int8 head) lives in its own folder named by the GGUF's content identity (the
+A group (the tiles, the quantized head) lives in its own folder named by the GGUF's content identity (the
 SHA-256 of the whole file) and by `LAYOUT`, a digest of the source that writes the converted bytes: a
 change to that code makes a new name, never a stale read. A folder is written under a temporary name
 and renamed into place whole; `index.json` lists each tensor's dtype, shape and offset in `data.bin`,
@@ -38,7 +38,7 @@ ALIGN = 4096  # each tensor's offset in data.bin: page-aligned (vector loads lik
 STALE_TMP_S = 3600.0  # a temporary folder this old is a write that died (a live one takes seconds)
 _DTYPES = {str(d): d for d in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
                                 torch.bfloat16, torch.float32)}
-_SOURCES = ("quant/blocks.py", "quant/int_dot.py", "quant/int8_head.py", "gguf_loader.py", "quant/converted_cache.py")
+_SOURCES = ("quant/blocks.py", "quant/int_dot.py", "quant/int8_head.py", "quant/q4_head.py", "gguf_loader.py", "quant/converted_cache.py")
 
 
 def _layout() -> str:

@@ -94,6 +94,10 @@ class Int8Head:
         pack = Int8HeadPack(t["packed"], t["wsum"], t["wscale"]) if "packed" in t else None
         return cls(t["weight"], t["scales"], pack)
 
+    @property
+    def nbytes(self) -> int:
+        return self.weight.nbytes + (self.pack.packed.nbytes if self.pack is not None else 0)
+
     def int8_weight(self) -> torch.Tensor:
         """[V, hidden] int8, whichever kernel holds it."""
         if self.pack is None:
@@ -108,15 +112,19 @@ class Int8Head:
         return torch.ops.aten._weight_int8pack_mm(x.to(KERNEL_DTYPE), self.weight, self.scales).float()
 
     def logits(self, x: torch.Tensor, exact: ExactRows, rescore: int = RESCORE_TOP) -> torch.Tensor:
-        """[S, V] float32: the int8 logits, with each row's `rescore` largest recomputed exactly from
-        the head's exact rows (`exact`: the dense head [V, hidden], or a function of row ids) and `x` as
-        given (no bf16 rounding): greedy picks the exact head's argmax whenever it is among the int8 top
-        `rescore`, and sampling sees exact values where its mass is."""
-        out = self.approx_logits(x)
-        top = out.topk(min(rescore, out.shape[1]), dim=-1).indices  # [S, k]; S may be 0 (no logits wanted)
-        rows = exact[top] if isinstance(exact, torch.Tensor) else exact(top.flatten()).view(*top.shape, x.shape[1])
-        scores = torch.bmm(rows.float(), x.float().unsqueeze(-1)).squeeze(-1)  # [S, k]
-        return out.scatter_(1, top, scores)
+        """[S, V] float32: the int8 logits, each row's `rescore` largest recomputed exactly (rescore_top)."""
+        return rescore_top(self.approx_logits(x), x, exact, rescore)
+
+
+def rescore_top(out: torch.Tensor, x: torch.Tensor, exact: ExactRows, rescore: int) -> torch.Tensor:
+    """`out` [S, V] (a quantized head's logits, float32) with each row's `rescore` largest recomputed
+    exactly from the head's exact rows (`exact`: the dense head [V, hidden], or a function of row ids) and
+    `x` as given (no bf16 rounding): greedy picks the exact head's argmax whenever it is among the quantized
+    top `rescore`, and sampling sees exact values where its mass is. In place; returns `out`."""
+    top = out.topk(min(rescore, out.shape[1]), dim=-1).indices  # [S, k]; S may be 0 (no logits wanted)
+    rows = exact[top] if isinstance(exact, torch.Tensor) else exact(top.flatten()).view(*top.shape, x.shape[1])
+    scores = torch.bmm(rows.float(), x.float().unsqueeze(-1)).squeeze(-1)  # [S, k]
+    return out.scatter_(1, top, scores)
 
 
 def int8_head_supported() -> bool:

@@ -9,6 +9,7 @@
   (5-8x the file of a 4-bit model), so `auto` keeps one only for small models (<= DENSE_AUTO_BYTES);
   with 8-bit activations the integer kernels are the fastest of the three.
 - activation_bits: 8 or 16-bit integer activations for those kernels (`--activation-bits`).
+- head_bits: the quantized LM head in 8 bits, or its candidate pass in 4 (`--head-bits`, q4_head.py).
 """
 from __future__ import annotations
 
@@ -68,12 +69,14 @@ def prefill_mode(mode: str, backend: str | None, path: Path, dtype: torch.dtype,
     return "dense" if dense_bytes(path, dtype) <= DENSE_AUTO_BYTES else "dequant"
 
 
-def unmet_request(activation_bits_flag: str, prefill_weights_flag: str, uses_int_dot: bool) -> str | None:
-    """Why an explicit `--activation-bits 8` or `--prefill-weights int` cannot be honoured (they need the
-    integer-dot kernels), else None."""
+def unmet_request(activation_bits_flag: str, prefill_weights_flag: str, uses_int_dot: bool,
+                  head_bits_flag: str = "auto") -> str | None:
+    """Why an explicit `--activation-bits 8`, `--prefill-weights int` or `--head-bits 4` cannot be honoured
+    (they need the integer-dot kernels), else None."""
     if uses_int_dot:
         return None
-    for flag, value, needs in (("--activation-bits", activation_bits_flag, "8"), ("--prefill-weights", prefill_weights_flag, "int")):
+    for flag, value, needs in (("--activation-bits", activation_bits_flag, "8"), ("--prefill-weights", prefill_weights_flag, "int"),
+                               ("--head-bits", head_bits_flag, "4")):
         if value == needs:
             return (f"{flag} {value} needs our integer-dot kernels: a GGUF with quantized linears, a CPU with "
                     "AVX2 or AVX512-VNNI, --q4-decode auto/on (not an explicit --dtype float32) and --fused-ops auto")
@@ -114,6 +117,14 @@ def activation_bits(mode: str, path: Path) -> int:
     return 8 if embed is not None and embed.shape[-1] >= WIDE_HIDDEN else 16
 
 
+def head_bits(mode: str, act_bits: int) -> int:
+    """`--head-bits` resolved: auto = 4 where the linears take 8-bit activations (the GGUFs 2048 or more wide,
+    whose batch-1 step reads the head after the linears: 13% of a 1B Q4_K_M step in int8), else 8."""
+    if mode != "auto":
+        return int(mode)
+    return 4 if act_bits == 8 else 8
+
+
 def weights_plan_line(model: Any, types: dict[str, str]) -> str:
     """One key=value start-up line: which kernel runs which linears, the file's types, resident bytes.
     `model` is a LlamaModel (typed loosely: this module sits below it)."""
@@ -125,6 +136,7 @@ def weights_plan_line(model: Any, types: dict[str, str]) -> str:
     fields = [f"quantized={'int_dot' if model.uses_int_dot else 'torch_int4' if model.uses_quant else 'none'}",
               f"prefill_weights={'dense' if model.dense_linears else 'int' if model.int_prefill else 'dequant'}",
               f"activation_bits={model.act_bits}",
+              f"head_bits={model.head.bits or 'dense'}",
               "linears=" + ",".join(f"{k}:{v}" for k, v in sorted(kernels.items())),
               "file_types=" + ",".join(f"{k}:{v}" for k, v in sorted(Counter(types.values()).items())),
               *(f"{k}_mb={v / 2**20:.0f}" for k, v in resident.items()),

@@ -101,24 +101,25 @@ def mapped_from(t: torch.Tensor, folder: Path) -> bool:
     return False
 
 
-def test_smollm2_kept_tiles_and_head_are_the_converted_ones(smollm2_path: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("head_bits", [8, 4])
+def test_smollm2_kept_tiles_and_head_are_the_converted_ones(smollm2_path: Path, tmp_path: Path, head_bits: int) -> None:
     """Loaded for the integer kernels with no dense copies (as wide files are), converted without a cache,
     then twice with one: the first load converts, saves and then serves the saved copy mapped from disk
     (as later loads do, so ranks that convert at once share its pages), the second maps it; the tiles and
-    the int8 head built from the file's rows are the converted ones either way."""
+    the quantized head (int8, or 4-bit) built from the file's rows are the converted ones either way."""
     from kvstrata.model.embed_head import EMBED, Head
     from kvstrata.model.weights import load_weights
 
     def load(root: Path | None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         w = load_weights(smollm2_path, torch.float32, "int_dot", keep_dense=False, cache_root=root)
-        head = Head(None, w.rows[EMBED], quantized=True, int_dot=True, dtype=torch.float32)
-        assert head.int8 is not None
-        return w.tiles, head.int8.tensors()
+        head = Head(None, w.rows[EMBED], quantized=True, int_dot=True, dtype=torch.float32, head_bits=head_bits)
+        assert head.bits == head_bits
+        return w.tiles, head.quant.tensors()
 
     tiles, head = load(None)
     (first_tiles, first_head), (kept_tiles, kept_head) = load(tmp_path), load(tmp_path)
     folders = {f.name.split("-")[-2]: f for f in tmp_path.iterdir()}
-    assert sorted(folders) == ["intdot", "tiles"]  # ...-int8head-intdot-<layout>, ...-tiles-<layout>
+    assert sorted(folders) == ["intdot", "tiles"]  # ...-int8head-intdot-<layout> (q4head), ...-tiles-<layout>
     assert tiles and sorted(kept_tiles) == sorted(first_tiles) == sorted(tiles)
     assert sorted(kept_head) == sorted(first_head) == sorted(head)
     for group, converted in (("tiles", (first_tiles, kept_tiles, tiles)), ("intdot", (first_head, kept_head, head))):

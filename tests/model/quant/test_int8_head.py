@@ -71,7 +71,7 @@ def test_quantization_error_within_one_step_per_weight() -> None:
 def test_dense_model_keeps_the_dense_head(tiny_model_dir: Path) -> None:
     w = load_weights(tiny_model_dir)
     model = LlamaModel(w.arch, w.tensors, torch.float32, torch.device("cpu"), make_attention_backend("torch_sdpa"))
-    assert model.head.int8 is None  # no quantized linears (float32 stays transformers-identical)
+    assert model.head.quant is None  # no quantized linears (float32 stays transformers-identical)
 
 
 def quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,10 +108,10 @@ def test_our_kernel_is_used_exactly_where_the_cpu_has_it() -> None:
     from kvstrata.engine.llm import LLM
 
     gguf = LLM("smollm2", max_total_tokens=512).engine.model  # the default path: int4 linears, int8 head
-    assert gguf.head.int8 is not None
-    assert (gguf.head.int8.pack is not None) == cpu_kernels.int_dot_simd()
+    assert gguf.head.quant is not None
+    assert (gguf.head.quant.pack is not None) == cpu_kernels.int_dot_simd()
     off = LLM("smollm2", max_total_tokens=512, fused_ops="off").engine.model
-    assert off.head.int8 is not None and off.head.int8.pack is None  # --fused-ops off: torch's kernel
+    assert off.head.quant is not None and off.head.quant.pack is None  # --fused-ops off: torch's kernel
     with pytest.raises(RuntimeError, match="packed holds hidden"):
         torch.ops.kvstrata.int8_head_logits(torch.zeros(1, 8), torch.zeros(1, 3, 16, 4, dtype=torch.int8),
                                             torch.zeros(16, dtype=torch.int32), torch.zeros(16))

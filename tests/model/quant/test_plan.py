@@ -65,11 +65,17 @@ def test_prefill_mode(smollm2_path: Path) -> None:
     assert plan.prefill_mode("auto", None, smollm2_path, f32, 8) == "dense"
 
 
+def test_head_bits_by_mode_and_activations() -> None:
+    assert plan.head_bits("auto", 8) == 4 and plan.head_bits("auto", 16) == 8  # the wide GGUFs: the 4-bit head
+    assert plan.head_bits("8", 8) == 8 and plan.head_bits("4", 16) == 4
+
+
 def test_explicit_requests_the_model_cannot_run_are_refused(tiny_model_dir: Path) -> None:
     from kvstrata import LLM
     from kvstrata.config import ConfigError
 
     assert plan.unmet_request("8", "auto", True) is None and plan.unmet_request("auto", "auto", False) is None
-    for kw, flag in (({"activation_bits": "8"}, "--activation-bits 8"), ({"prefill_weights": "int"}, "--prefill-weights int")):
+    for kw, flag in (({"activation_bits": "8"}, "--activation-bits 8"), ({"prefill_weights": "int"}, "--prefill-weights int"),
+                     ({"head_bits": "4"}, "--head-bits 4")):
         with pytest.raises(ConfigError, match=f"{flag} needs our integer-dot kernels"):
             LLM(str(tiny_model_dir), max_total_tokens=64, **kw)  # a dense folder: nothing quantized
