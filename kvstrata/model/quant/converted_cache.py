@@ -14,7 +14,8 @@ and renamed into place whole; `index.json` lists each tensor's dtype, shape and 
 whose size is checked before it is used, and the GGUF it came from. A folder that cannot be written (no
 space, read-only home) costs the start nothing but the conversion it would have done anyway. Each save
 removes the folders whose GGUF is gone or changed size (a deleted download, a test's temporary file),
-this file's folders of other layouts, and temporary folders an hour old (a write that died).
+this file's folders of other layouts (of any group: an int8 head left behind when the head went to 4 bits
+too), and temporary folders an hour old (a write that died).
 """
 from __future__ import annotations
 
@@ -82,8 +83,8 @@ class ConvertedCache:
             return None
 
     def save(self, group: str, tensors: dict[str, torch.Tensor]) -> bool:
-        """Write the group whole (atomic rename); False, logged, where it cannot. Folders of this file's group
-        written by other layouts go."""
+        """Write the group whole (atomic rename); False, logged, where it cannot. This file's folders written
+        by other layouts go."""
         folder = self.folder(group)
         if folder.exists():
             return True
@@ -120,8 +121,8 @@ class ConvertedCache:
         return True
 
     def _prune(self, group: str, keep: Path) -> None:
-        for old in self.root.glob(f"{self.identity}-{group}-*"):
-            if old != keep:
+        for old in self.root.glob(f"{self.identity}-*"):  # this group's other layouts, any group's old layouts
+            if old != keep and (old.name.startswith(f"{self.identity}-{group}-") or not old.name.endswith(f"-{LAYOUT}")):
                 shutil.rmtree(old, ignore_errors=True)
         for other in self.root.iterdir():
             if other.name.startswith(".tmp-") and time.time() - other.stat().st_mtime > STALE_TMP_S:

@@ -90,6 +90,27 @@ def test_folders_of_deleted_or_changed_ggufs_go(tmp_path: Path) -> None:
     assert index["source"] == {"path": str(c.resolve()), "size": 4}
 
 
+def test_this_files_folders_of_other_layouts_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save removes this file's folders that other code wrote (any group: one the new code no longer
+    builds, as the int8 head where the head went to 4 bits), keeps its other groups of this layout and
+    other files' folders."""
+    from kvstrata.model.quant import converted_cache
+
+    root = tmp_path / "converted"
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    for p in (a, b):
+        p.write_bytes(b"GGUF")
+    monkeypatch.setattr(converted_cache, "LAYOUT", "old")
+    for group in ("tiles", "int8head"):
+        ConvertedCache(root, "a-4-1", a).save(group, tensors())
+    ConvertedCache(root, "b-4-2", b).save("tiles", tensors())
+    monkeypatch.setattr(converted_cache, "LAYOUT", "new")
+    ConvertedCache(root, "a-4-1", a).save("q4head", tensors())
+    assert sorted(p.name for p in root.iterdir()) == ["a-4-1-q4head-new", "b-4-2-tiles-old"]
+    ConvertedCache(root, "a-4-1", a).save("tiles", tensors())
+    assert sorted(p.name for p in root.iterdir()) == ["a-4-1-q4head-new", "a-4-1-tiles-new", "b-4-2-tiles-old"]
+
+
 def mapped_from(t: torch.Tensor, folder: Path) -> bool:
     """Whether t's bytes lie in this process's mapping of folder/data.bin (/proc/self/maps)."""
     target = str((folder / "data.bin").resolve())
