@@ -87,14 +87,14 @@ class ModelConfig:
     head_bits: str = opt(
         "auto",
         "the LM head of a quantized GGUF in decode steps: 8 = int8 a row, 4 = 4-bit blocks of 32 on the integer "
-        "kernels (half the bytes a step reads for it); either way each row's top 32 candidates (256 in steps that "
+        "kernels (60% of the bytes a step reads for it); either way each row's top 32 candidates (256 in steps that "
         "sample) are recomputed from the file's rows, so greedy output keeps the exact head's argmax; auto = 4 "
         "where activations are 8-bit (GGUFs 2048 or more wide), 8 below",
         choices=["auto", "8", "4"],
     )
     weights_cache: str = opt(
         "auto",
-        "keep a GGUF's converted weights (the integer kernels' tiles, the int8 LM head) under "
+        "keep a GGUF's converted weights (the integer kernels' tiles, the quantized LM head) under "
         "$KVSTRATA_HOME/converted after its first load and map them at later starts (seconds less to healthy, "
         "about the quantized weights' size on disk); off = convert at every start",
         choices=["auto", "off"],
