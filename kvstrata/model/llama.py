@@ -105,7 +105,7 @@ class LlamaModel:
         cpu_ops = fused_ops and device.type == "cpu" and cpu_kernels.load_kernels()  # our C++ ops can run
         for source in rows.values():  # read and dequantized by our op (the same values as the gguf package's)
             source.native = cpu_ops
-        # where the CPU has AVX512-VNNI or AVX2, quantized linears and the int8 head run on our integer-dot
+        # where the CPU has AVX512-VNNI or AVX2, quantized linears and the quantized head run on our integer-dot
         # kernels: part of the fused ops, never on the exact path
         assert not tiles or (device.type == "cpu" and cpu_kernels.load_kernels()), "int-dot tiles need our CPU kernels"
         self.uses_int_dot = bool(tiles)

@@ -33,7 +33,7 @@ class GgufRows:
     def __init__(self, path: Path, offset: int, nbytes: int, type_name: str, shape: tuple[int, int]) -> None:
         self.shape = shape  # [rows, columns], torch order
         self.type_name = type_name
-        self.cache: ConvertedCache | None = None  # where what is built from these rows is kept (the int8 head)
+        self.cache: ConvertedCache | None = None  # where what is built from these rows is kept (the quantized head)
         self.native = False  # rows by csrc/gguf_rows.cpp (set where the op is built; for NATIVE_TYPES only)
         self._ggml_type = self._type_id(type_name) if type_name in NATIVE_TYPES else -1
         # a map of this tensor's bytes only: [rows, bytes a row]
