@@ -134,8 +134,7 @@ def ab_head_bits(llm: LLM, batch: list[list[int]], blocks: int, label: str) -> N
     """The int8 LM head against the 4-bit one (quant/q4_head.py), both built from the model's exact head rows
     (greedy: each rescores its top 32)."""
     head = llm.engine.model.head
-    rows = head.rows.chunk if head.dense is None else (lambda start, stop: head.dense[start:stop])
-    vocab, hidden = (head.dense if head.dense is not None else head.rows).shape
+    rows, vocab, hidden = head.exact_source()
     if not llm.engine.model.uses_int_dot:
         print(f"{label}: the 4-bit head runs on the integer-dot kernels, which this model does not use")
         return

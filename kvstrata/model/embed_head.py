@@ -8,6 +8,8 @@ the quantized head either way; wide steps use the dense head when there is one.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -42,8 +44,7 @@ class Head:
         self.dense, self.rows = dense, rows
         self.quant: Int8Head | Q4Head | None = None
         if (quantized or dense is None) and int8_head_supported():
-            source = rows.chunk if dense is None else (lambda start, stop: dense[start:stop])
-            vocab, hidden = (dense if dense is not None else rows).shape  # type: ignore[union-attr]
+            source, vocab, hidden = self.exact_source()
             four = head_bits == 4 and int_dot and q4_head_packable(vocab, hidden)
 
             def build() -> dict[str, torch.Tensor]:
@@ -56,6 +57,15 @@ class Head:
             cache = rows.cache if rows is not None and dense is None else None
             built = cache.get_or_build(group, build) if cache else build()
             self.quant = Q4Head.of_tensors(built) if four else Int8Head.of_tensors(built)
+
+    def exact_source(self) -> tuple[Callable[[int, int], torch.Tensor], int, int]:
+        """(rows(start, stop) -> the exact head's rows [stop - start, hidden] in float, vocab, hidden): the
+        dense head's, else the file's; what a quantized head is built from."""
+        dense, rows = self.dense, self.rows
+        if dense is not None:
+            return (lambda start, stop: dense[start:stop]), dense.shape[0], dense.shape[1]
+        assert rows is not None
+        return rows.chunk, rows.shape[0], rows.shape[1]
 
     @property
     def bits(self) -> int | None:

@@ -23,8 +23,8 @@ from typing import Any
 from kvstrata.bench.client import ChatResult
 from kvstrata.bench.compare.engines import ENGINES, EngineUnavailable, RunningServer
 from kvstrata.bench.compare.table import Report
-from kvstrata.bench.throughput.probe import (ProbeConfig, batches, clients, decode_messages, decode_once,
-                                             prefill_once, probe_rng, summary)
+from kvstrata.bench.throughput.probe import (ProbeConfig, batches, clients, decode_once, prefill_once, probe_rng,
+                                             summary, warm_once)
 
 
 def check_interleave(args: argparse.Namespace, engines: list[str]) -> None:
@@ -78,8 +78,7 @@ async def interleaved_probe(urls: dict[str, str], model: str, config: ProbeConfi
             one, many = clients(urls[n], model, config)
             ones[n], manys[n] = await stack.enter_async_context(one), await stack.enter_async_context(many)
         for n in names:
-            warm = await ones[n].chat(decode_messages(rngs[n]))
-            failed[n] += [warm] if not warm.ok else []
+            await warm_once(ones[n], rngs[n], failed[n])
         for r in range(config.repeats):
             order = names[r % len(names):] + names[:r % len(names)]
             row: dict[str, dict[str, float | None]] = {n: {} for n in names}

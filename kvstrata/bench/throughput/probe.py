@@ -81,6 +81,12 @@ def clients(url: str, model: str, config: ProbeConfig) -> tuple[ChatClient, Chat
                        extra_body={"ignore_eos": True}))
 
 
+async def warm_once(one: ChatClient, rng: random.Random, failed: list[ChatResult]) -> None:
+    """The warm-up request a probe sends a server first (its failure counted, never raised)."""
+    warm = await one.chat(decode_messages(rng))
+    failed += [warm] if not warm.ok else []
+
+
 async def prefill_once(one: ChatClient, rng: random.Random, config: ProbeConfig,
                        failed: list[ChatResult]) -> dict[str, Any] | None:
     """One cold prompt of about `prefill_tokens`, alone: its prefill figures (None where it failed)."""
@@ -131,8 +137,7 @@ async def _probe(url: str, model: str, config: ProbeConfig) -> dict[str, Any]:
     failed: list[ChatResult] = []
     one_client, many_client = clients(url, model, config)
     async with one_client as one, many_client as many:
-        warm = await one.chat(decode_messages(rng))
-        failed += [warm] if not warm.ok else []
+        await warm_once(one, rng, failed)
         prefill = [p for _ in range(config.repeats) if (p := await prefill_once(one, rng, config, failed)) is not None]
         decode = {str(b): await decode_once(many, rng, b, failed) for b in batches(config)}
     return summary(prefill, decode, failed, config)

@@ -121,8 +121,8 @@ class ConvertedCache:
         return True
 
     def _prune(self, group: str, keep: Path) -> None:
-        for old in self.root.glob(f"{self.identity}-*"):  # this group's other layouts, any group's old layouts
-            if old != keep and (old.name.startswith(f"{self.identity}-{group}-") or not old.name.endswith(f"-{LAYOUT}")):
+        for old in self.root.glob(f"{self.identity}-*"):  # this file's folders of other layouts, any group
+            if not old.name.endswith(f"-{LAYOUT}"):
                 shutil.rmtree(old, ignore_errors=True)
         for other in self.root.iterdir():
             if other.name.startswith(".tmp-") and time.time() - other.stat().st_mtime > STALE_TMP_S:

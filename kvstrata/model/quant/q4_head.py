@@ -24,24 +24,23 @@ from kvstrata.model.quant.blocks import IntWeight
 from kvstrata.model.quant.int8_head import CHUNK_ROWS, RESCORE_TOP, ExactRows, rescore_top
 
 WIDE_RESCORE = 256  # candidates rescored per row in a step with sampled or constrained rows
-BLOCK = 32  # weights a scale (int_dot.GROUP)
 
 
 def q4_blocks(w: torch.Tensor) -> IntWeight:
     """[n, K] float -> Q4_0-style blocks as llama.cpp quantizes them: per 32 weights d = (the weight of
     largest magnitude) / -8, q = trunc(w / d + 8.5) clamped to 0..15, w ~ d (q - 8), d held as float16."""
     n, k = w.shape
-    b = w.float().view(n, k // BLOCK, BLOCK)
+    b = w.float().view(n, k // int_dot.GROUP, int_dot.GROUP)
     peak = torch.gather(b, -1, b.abs().argmax(dim=-1, keepdim=True))
     d = peak / -8
     inverse = torch.where(d == 0, torch.zeros_like(d), 1 / d)
     q = torch.trunc(b * inverse + 8.5).clamp(0, 15).to(torch.uint8).view(n, k)
     d16 = d.squeeze(-1).half().float()
-    return IntWeight(q, d16, -8 * d16, 4, BLOCK, 8)
+    return IntWeight(q, d16, -8 * d16, 4, int_dot.GROUP, 8)
 
 
 def q4_head_packable(vocab: int, hidden: int) -> bool:
-    return vocab % int_dot.LANES == 0 and hidden % BLOCK == 0
+    return vocab % int_dot.LANES == 0 and hidden % int_dot.GROUP == 0
 
 
 class Q4Head:
@@ -51,7 +50,7 @@ class Q4Head:
     @classmethod
     def from_rows(cls, rows: Callable[[int, int], torch.Tensor], vocab: int, hidden: int) -> Q4Head:
         """From `rows(start, stop)` -> [stop - start, hidden], `CHUNK_ROWS` at a time (no full float copy)."""
-        tiles = torch.empty(vocab // int_dot.LANES, hidden // BLOCK, int_dot.tile_bytes(4, True), dtype=torch.uint8)
+        tiles = torch.empty(vocab // int_dot.LANES, hidden // int_dot.GROUP, int_dot.tile_bytes(4, True), dtype=torch.uint8)
         for start in range(0, vocab, CHUNK_ROWS):
             stop = min(vocab, start + CHUNK_ROWS)
             tiles[start // int_dot.LANES:stop // int_dot.LANES] = int_dot.pack(q4_blocks(rows(start, stop)))
