@@ -6,7 +6,7 @@ batches, on one engine, one run.
 Prints (1) ms per verify step at batch 1 and 4 for k = 0..15 drafted tokens per request, after a
 `--context`-token prompt each (the runner's verify rows, engine/spec/); (2) ms per pure decode step at
 batch 12, 16, 24 and 32 with such steps on the quantized kernels up to 32 rows (the float32 plan's
-default, engine.DECODE_MAX_ROWS) and, alternating in the same process, up to the model's 8
+default, engine/model_loader.DECODE_MAX_ROWS) and, alternating in the same process, up to the model's 8
 (`LlamaModel.q4_max_rows`: above it the dense linears). Medians of `--steps` timed steps after two untimed.
 """
 from __future__ import annotations

@@ -6,16 +6,8 @@ import logging
 import sys
 from dataclasses import fields
 
-from kvstrata.config import (
-    CacheConfig,
-    ModelConfig,
-    RouterConfig,
-    SchedulerConfig,
-    ServerConfig,
-    add_arguments,
-    ConfigError,
-    from_namespace,
-)
+from kvstrata.config import CacheConfig, ModelConfig, RouterConfig, SchedulerConfig, ServerConfig
+from kvstrata.config_flags import ConfigError, add_arguments, from_namespace
 from kvstrata.model.cpu_caps import CpuIsaError, isa_cap
 
 

@@ -6,7 +6,8 @@ import argparse
 import pytest
 
 from kvstrata.cli import build_parser, main
-from kvstrata.config import CacheConfig, ConfigError, SchedulerConfig, add_arguments, check_config, from_namespace
+from kvstrata.config import CacheConfig, SchedulerConfig
+from kvstrata.config_flags import ConfigError, add_arguments, check_config, from_namespace
 
 
 def parse(*argv: str) -> argparse.Namespace:

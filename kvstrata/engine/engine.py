@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from kvstrata.config import CacheConfig, ConfigError, ModelConfig, SchedulerConfig, check_config
+from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig
+from kvstrata.config_flags import ConfigError, check_config
 from kvstrata.engine.grammar import GrammarBackend, advance
 from kvstrata.engine.grammar_cache import GrammarCache
 from kvstrata.engine.kv_manager import KVCacheManager
@@ -21,33 +22,18 @@ from kvstrata.engine.sampling_params import InvalidRequestError, SamplingParams
 from kvstrata.engine.scheduler import ScheduledBatch, Scheduler
 from kvstrata.engine.spec.cost import measure_step_cost
 from kvstrata.engine.spec.speculator import Speculator
-from kvstrata.engine.malloc_tuning import keep_freed_heap, release_freed_heap
+from kvstrata.engine.malloc_tuning import keep_freed_heap
+from kvstrata.engine.model_loader import kv_layout, load_model
 from kvstrata.engine.warmup import WarmupReport, warm_up
 from kvstrata.kv.events import attach_kv_events
 from kvstrata.kv.hashing import namespace_root
 from kvstrata.kv.pool import PagePool
 from kvstrata.kv.radix import RadixPrefixCache
 from kvstrata.kv.tiers_factory import build_tiers
-from kvstrata.model import cpu_kernels
 from kvstrata.model.arch import ModelArch
-from kvstrata.model.attention import attention_layout, make_attention_backend
-from kvstrata.model.cpu_caps import read_cpu_info
-from kvstrata.model.dtype_plan import plan_dtype
-from kvstrata.model.fetch import model_home, resolve_model
-from kvstrata.model.llama import LlamaModel
-from kvstrata.model.quant.plan import (activation_bits, head_bits, prefill_mode, q4_decode_wanted, quant_backend, unmet_request,
-                                       weights_plan_line)
-from kvstrata.model.tokenizer import Tokenizer
-from kvstrata.model.weights import load_weights
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# decode steps of up to this many rows (a batch, or a verify step's rows) stay on the quantized kernels: in
-# float32 the dense GEMM is the slower way for SmolLM2 Q4_1 on the Zen 3 EPYC (bench/verify_rows.py, 1,000-token
-# prompts: batch 12 / 16 in 67 / 100 ms a step against 124 / 160, docs/speculative.md); bf16 keeps the model's 8
-# (its dense GEMM is fast with avx512_bf16; not measured here)
-DECODE_MAX_ROWS = {torch.float32: 32}
 SPEC_COST_ROWS = 8  # rows of the steps that time what a row costs (spec/cost.py)
 WARMUP_MACS = 1 << 38  # the default warm-up step's linear work (Engine.default_warmup_tokens)
 # ... and its tokens where prefill runs on the integer kernels: they build nothing per shape, so a short step
@@ -77,50 +63,9 @@ class Engine:
             torch.set_num_threads(model_cfg.num_threads)
         if model_cfg.malloc_tuning == "auto" and model_cfg.device.startswith("cpu"):
             log.info("malloc: %s", keep_freed_heap())
-        path = resolve_model(model_cfg.model)
-        cpu = read_cpu_info() if model_cfg.device.startswith("cpu") else None
-        plan = plan_dtype(model_cfg.dtype, model_cfg.device, cpu=cpu)
-        dtype_name = plan.dtype
-        dtype = DTYPES[dtype_name]
-        device = torch.device(model_cfg.device)
-        try:
-            want_q4 = q4_decode_wanted(model_cfg.q4_decode, device, dtype, auto_on=plan.q4_auto)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        backend = quant_backend(want_q4 and path.is_file(), model_cfg.fused_ops == "auto")
-        act_bits = activation_bits(model_cfg.activation_bits, path)
-        prefill = prefill_mode(model_cfg.prefill_weights, backend, path, dtype, act_bits)
-        dense = prefill == "dense"
-        cache_root = model_home() / "converted" if model_cfg.weights_cache == "auto" else None
-        weights = load_weights(path, dtype if device.type == "cpu" else torch.float32, backend, dense, cache_root)
-        arch = weights.arch
-        self.tokenizer = Tokenizer.from_path(path)
-        try:
-            attention = make_attention_backend(model_cfg.attention_backend, device)
-        except (ValueError, RuntimeError) as exc:
-            raise ConfigError(f"--attention-backend {model_cfg.attention_backend}: {exc}") from None
-        self.model = LlamaModel(arch, weights.tensors, dtype, device, attention, tiles=weights.tiles, q4=weights.q4,
-                                rows=weights.rows, decode_max_rows=DECODE_MAX_ROWS.get(dtype),
-                                fused_ops=model_cfg.fused_ops == "auto",
-                                fused_decode_layers=model_cfg.fused_decode_layers == "auto",
-                                act_bits=act_bits, int_prefill=prefill == "int",
-                                head_bits=head_bits(model_cfg.head_bits, act_bits))
-        why = unmet_request(model_cfg.activation_bits, model_cfg.prefill_weights, self.model.uses_int_dot,
-                            model_cfg.head_bits)
-        if why:
-            raise ConfigError(why)
-        if model_cfg.q4_decode == "on" and not self.model.uses_quant:
-            raise ConfigError(f"--q4-decode on: {path.name} has no quantized linears our kernels run (Q4_0/1, Q5_0/1, "
-                              "Q8_0, Q4_K, Q5_K, Q6_K); use such a GGUF or --q4-decode off")
-        log.info("%s", plan.log_line(cpu, self.model.uses_quant))
-        log.info("%s", weights_plan_line(self.model, weights.types))
-        identity = weights.identity
-        del weights  # the model holds what it runs on
-        if model_cfg.malloc_tuning == "auto" and device.type == "cpu":
-            release_freed_heap()
-        log.info("attention backend: %s; fused norms: %s; quantized/int8 kernels: %s; decode layers in one op: %s",
-                 type(attention).__name__, self.model.fused_ops,
-                 cpu_kernels.int_dot_isa() if self.model.uses_int_dot else "torch", self.model.decode_layers is not None)
+        loaded = load_model(model_cfg)
+        self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        path, arch, identity, dtype = loaded.path, self.model.arch, loaded.identity, loaded.dtype
 
         ps = cache_cfg.page_size
         per_page = PagePool.bytes_per_page(ps, arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype)
@@ -128,17 +73,8 @@ class Engine:
             num_pages = -(-cache_cfg.max_total_tokens // ps)
         else:
             num_pages = max(1, int(cache_cfg.kv_cache_memory * 1e9) // per_page)
-        self.pool = PagePool(num_pages, ps, arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype, device)
-        # K/V differ (slightly) between the int4 and dense decode paths (torch's kernel or ours), the
-        # fused ops round differently from torch's, and the C++ attention kernels sum in another order:
-        # separate namespaces, so no tier (L3 is shared across machines of any CPU) mixes them
-        m = self.model
-        layout = ("llama-paged-v1" + ("+q4decode" if m.uses_quant else "") + ("+intdot" if m.uses_int_dot else "")
-                  + ("" if m.dense_linears else "+intprefill" if m.int_prefill else "+dequantprefill")
-                  + ("+act8" if m.act_bits == 8 else "")
-                  + ("+fusedops" if m.fused_ops else "") + ("+silumul" if m.fused_silu else "")
-                  + attention_layout(attention, dtype, device))
-        root = namespace_root(path.name + ":" + identity, dtype_name, ps, layout)
+        self.pool = PagePool(num_pages, ps, arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype, loaded.device)
+        root = namespace_root(path.name + ":" + identity, loaded.dtype_name, ps, kv_layout(loaded))
         policy = cache_cfg.eviction_policy
         cache = RadixPrefixCache(self.pool, ps, root, policy) if cache_cfg.enable_prefix_caching else None
         self.prefix_cache = cache
@@ -163,7 +99,7 @@ class Engine:
             model_identity=identity,
             served_model_name=model_cfg.served_model_name or _default_name(model_cfg.model),
             max_model_len=limit,
-            dtype=dtype_name,
+            dtype=loaded.dtype_name,
             num_pages=num_pages,
             page_size=ps,
         )
@@ -173,7 +109,7 @@ class Engine:
         root = self.prefix_cache.root.hex()[:16] if self.prefix_cache is not None else "-"
         log.info(  # kv_namespace: servers share L2/L3 pages only when theirs match (model, dtype, page size, layout)
             "engine ready model=%s dtype=%s pages=%d page_size=%d max_model_len=%d threads=%d kv_namespace=%s "
-            "load_s=%.1f", path.name, dtype_name, num_pages, ps, limit, torch.get_num_threads(), root,
+            "load_s=%.1f", path.name, loaded.dtype_name, num_pages, ps, limit, torch.get_num_threads(), root,
             time.monotonic() - t0,
         )
 

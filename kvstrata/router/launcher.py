@@ -27,7 +27,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kvstrata.config import CacheConfig, ConfigError, ModelConfig, RouterConfig, SchedulerConfig, ServerConfig
+from kvstrata.config import CacheConfig, ModelConfig, RouterConfig, SchedulerConfig, ServerConfig
+from kvstrata.config_flags import ConfigError
 from kvstrata.kv.event_wire import KVEventsConfig
 
 logger = logging.getLogger(__name__)

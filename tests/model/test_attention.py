@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvstrata.config import ConfigError
+from kvstrata.config_flags import ConfigError
 from kvstrata.engine.llm import LLM
 from kvstrata.engine.sampling_params import SamplingParams
 from kvstrata.model.attention import CpuPagedBackend, TorchSDPABackend, make_attention_backend

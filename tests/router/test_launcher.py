@@ -18,7 +18,8 @@ from typing import Callable, Iterator
 import httpx
 import pytest
 
-from kvstrata.config import ConfigError, ServerConfig
+from kvstrata.config import ServerConfig
+from kvstrata.config_flags import ConfigError
 from kvstrata.router.launcher import free_port, rank_ports
 from proc_support import KvstrataProcess, alive, descendants, wait_for
 

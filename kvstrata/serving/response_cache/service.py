@@ -30,7 +30,8 @@ from fastapi import Request
 from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kvstrata.config import ConfigError, ServerConfig
+from kvstrata.config import ServerConfig
+from kvstrata.config_flags import ConfigError
 from kvstrata.engine.outputs import RequestOutput
 from kvstrata.engine.sampling_params import InvalidRequestError
 from kvstrata.serving.auth import request_tenant

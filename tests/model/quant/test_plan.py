@@ -72,7 +72,7 @@ def test_head_bits_by_mode_and_activations() -> None:
 
 def test_explicit_requests_the_model_cannot_run_are_refused(tiny_model_dir: Path) -> None:
     from kvstrata import LLM
-    from kvstrata.config import ConfigError
+    from kvstrata.config_flags import ConfigError
 
     assert plan.unmet_request("8", "auto", True) is None and plan.unmet_request("auto", "auto", False) is None
     for kw, flag in (({"activation_bits": "8"}, "--activation-bits 8"), ({"prefill_weights": "int"}, "--prefill-weights int"),

@@ -108,7 +108,7 @@ def test_our_kernels_are_used_exactly_where_the_cpu_has_them() -> None:
 
 def test_q4_decode_on_needs_quantized_weights(tiny_model_dir: Path) -> None:
     from kvstrata import LLM
-    from kvstrata.config import ConfigError
+    from kvstrata.config_flags import ConfigError
 
     with pytest.raises(ConfigError, match="no quantized linears"):
         LLM(str(tiny_model_dir), q4_decode="on", max_total_tokens=64)
