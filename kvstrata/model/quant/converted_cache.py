@@ -9,8 +9,9 @@ kernel's to drop, as a mapped GGUF's are); the start that converts maps what it 
 
 A group (the tiles, the quantized head) lives in its own folder named by the GGUF's content identity (the
 SHA-256 of the whole file) and by `LAYOUT`, a digest of the source that writes the converted bytes: a
-change to that code makes a new name, never a stale read. A folder is written under a temporary name
-and renamed into place whole; `index.json` lists each tensor's dtype, shape and offset in `data.bin`,
+change to that code makes a new name, never a stale read. A folder is written under a temporary name,
+synced to disk and only then renamed into place whole (the start that writes it maps it at once and
+leaves the sync and rename to a thread); `index.json` lists each tensor's dtype, shape and offset in `data.bin`,
 whose size is checked before it is used, and the GGUF it came from. A folder that cannot be written (no
 space, read-only home) costs the start nothing but the conversion it would have done anyway. Each save
 removes the folders whose GGUF is gone or changed size (a deleted download, a test's temporary file),
@@ -25,6 +26,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -39,6 +41,8 @@ ALIGN = 4096  # each tensor's offset in data.bin: page-aligned (vector loads lik
 STALE_TMP_S = 3600.0  # a temporary folder this old is a write that died (a live one takes seconds)
 _DTYPES = {str(d): d for d in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
                                 torch.bfloat16, torch.float32)}
+_pending: dict[Path, threading.Thread] = {}  # folders whose save_and_map is still syncing and renaming them
+_pending_lock = threading.Lock()
 _SOURCES = ("quant/blocks.py", "quant/int_dot.py", "quant/int8_head.py", "quant/q4_head.py", "gguf_loader.py", "quant/converted_cache.py")
 
 
@@ -61,8 +65,16 @@ class ConvertedCache:
         return self.root / f"{self.identity}-{group}-{LAYOUT}"
 
     def load(self, group: str) -> dict[str, torch.Tensor] | None:
-        """The group's tensors mapped from disk, or None where it was never written (or is damaged)."""
+        """The group's tensors mapped from disk, or None where it was never written (or is damaged). A save of
+        it still being committed by this process (save_and_map) is waited for."""
         folder = self.folder(group)
+        with _pending_lock:
+            committing = _pending.get(folder)
+        if committing is not None:
+            committing.join()
+        return self._map(folder)
+
+    def _map(self, folder: Path) -> dict[str, torch.Tensor] | None:
         try:
             index = json.loads((folder / "index.json").read_text())
             data = folder / "data.bin"
@@ -88,6 +100,11 @@ class ConvertedCache:
         folder = self.folder(group)
         if folder.exists():
             return True
+        tmp = self._write(folder, tensors)
+        return tmp is not None and self._commit(group, tmp, folder)
+
+    def _write(self, folder: Path, tensors: dict[str, torch.Tensor]) -> Path | None:
+        """The group written into a new temporary folder (not yet synced), or None, logged, where it cannot be."""
         tmp: Path | None = None
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -103,20 +120,33 @@ class ConvertedCache:
                     entries[name] = (str(t.dtype), list(t.shape), offset, nbytes)
                     offset = -(-(offset + nbytes) // ALIGN) * ALIGN
                 f.truncate(offset)
-                f.flush()
-                os.fsync(f.fileno())
             source = {"path": str(self.source), "size": self.source.stat().st_size}
             (tmp / "index.json").write_text(json.dumps({"size": offset, "tensors": entries, "source": source}))
-            os.rename(tmp, folder)
-            tmp = None
+            return tmp
         except OSError as exc:
+            log.warning("event=converted_cache_not_written folder=%s error=%s", folder, exc)
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            return None
+
+    def _commit(self, group: str, tmp: Path, folder: Path) -> bool:
+        """Sync a written temporary folder to disk, then rename it into place (so a crash never leaves a
+        named folder whose bytes did not reach the disk); True where the group is in place after, by this
+        write or another process's."""
+        try:
+            for name in ("data.bin", "index.json"):
+                fd = os.open(tmp / name, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            os.rename(tmp, folder)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)  # a process that mapped it keeps its pages
             if folder.exists():  # another process wrote it first
                 return True
             log.warning("event=converted_cache_not_written folder=%s error=%s", folder, exc)
             return False
-        finally:
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
         self._prune(group, folder)
         return True
 
@@ -149,8 +179,28 @@ class ConvertedCache:
         """Save `built` and return the saved copy mapped from disk, so a first start holds what later starts
         hold: file pages, shared by every process that maps them, not a private copy each (two ranks of a 1B
         Q4_K_M converting at once: 3,831 -> 3,172 MiB PSS at healthy). `built` itself where the group could
-        not be written or read back."""
-        if not self.save(group, built):
+        not be written or read back. The copy is mapped as soon as it is written; syncing it to disk and
+        renaming it into place (~1 s for a 1B Q8_0's tiles, which its first start waited on) go on in a
+        thread, which `load` of the same group waits for and the interpreter joins at exit."""
+        folder = self.folder(group)
+        if folder.exists():
+            return self.load(group) or built
+        tmp = self._write(folder, built)
+        mapped = self._map(tmp) if tmp is not None else None
+        if tmp is None or mapped is None:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
             return built
-        mapped = self.load(group)
-        return built if mapped is None else mapped
+
+        def commit() -> None:
+            try:
+                self._commit(group, tmp, folder)
+            finally:
+                with _pending_lock:
+                    _pending.pop(folder, None)
+
+        thread = threading.Thread(target=commit, name=f"converted-cache-{group}")
+        with _pending_lock:
+            _pending[folder] = thread
+        thread.start()
+        return mapped

@@ -6,8 +6,8 @@ read with pread, never through the map: a map fault maps the 64 KiB around its r
 which MADV_RANDOM does not stop on Linux 6.18), so a 2k-token prompt of distinct tokens left 54 MiB of a
 1B model's embedding in RSS, and the head's 32 candidates a logit row (256 for an 8-row step) mapped
 52 MiB of it during the start-up warm-up alone, growing toward the whole tensor (79 MiB, Q6_K) as
-steps went on. Read, the rows stay in the page cache only. The map serves `chunk` (building the int8
-head once), after which `drop_pages` lets its pages go.
+steps went on. Read, the rows stay in the page cache only. Without the op (below) the map serves `chunk`
+(building the quantized head once), after which `drop_pages` lets its pages go.
 
 With `native` set (the model sets it where our C++ ops are built), a step's rows are read and dequantized in
 one op (csrc/gguf_rows.cpp, the same bits as the `gguf` package's dequantize, which took ~5% of a 1B
@@ -76,6 +76,10 @@ class GgufRows:
         return int(GGMLQuantizationType[type_name].value)
 
     def chunk(self, start: int, stop: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Rows start..stop (building a quantized head from them): by the op where it decodes this type (a
+        1B Q4_K_M's 49,152 Q6_K head rows 0.9 s through the package at a first start), else through the map."""
+        if self.native and self._ggml_type >= 0:
+            return self(torch.arange(start, stop), dtype)
         return self.decode(self._raw[start:stop], dtype)
 
     def drop_pages(self) -> None:

@@ -111,6 +111,44 @@ def test_this_files_folders_of_other_layouts_go(tmp_path: Path, monkeypatch: pyt
     assert sorted(p.name for p in root.iterdir()) == ["a-4-1-q4head-new", "a-4-1-tiles-new", "b-4-2-tiles-old"]
 
 
+def test_save_and_map_serves_the_written_copy_while_it_is_committed(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first start maps what it wrote at once; the sync and rename run in a thread that a load of the
+    group waits for. A write that cannot be synced never gets the folder's name (a crash would have left
+    bytes that never reached the disk under it), and the start keeps serving its mapped copy."""
+    from kvstrata.model.quant import converted_cache
+
+    source = tmp_path / "m.gguf"
+    source.write_bytes(b"GGUF")
+    cache = ConvertedCache(tmp_path / "converted", "m-4-abc", source)
+    built = tensors()
+    synced = []
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        time.sleep(0.3)  # the load below must wait for it
+        synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(converted_cache.os, "fsync", slow_fsync)
+    mapped = cache.save_and_map("tiles", built)
+    assert all(torch.equal(mapped[n], t) and (t.numel() == 0 or mapped[n].data_ptr() != t.data_ptr())
+               for n, t in built.items())
+    back = cache.load("tiles")  # waits for the commit: the folder is in place, synced
+    assert len(synced) == 2 and back is not None and torch.equal(back["wsum"], built["wsum"])
+    assert not converted_cache._pending and cache.folder("tiles").is_dir()
+    assert [p.name for p in cache.root.iterdir()] == [cache.folder("tiles").name]  # no temporary folder left
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(converted_cache.os, "fsync", failing_fsync)
+    head = cache.save_and_map("q4head", built)
+    assert cache.load("q4head") is None and not cache.folder("q4head").exists()
+    assert [p.name for p in cache.root.iterdir()] == [cache.folder("tiles").name]
+    assert torch.equal(head["f32"], built["f32"])  # the mapped pages outlive their removed file
+
+
 def mapped_from(t: torch.Tensor, folder: Path) -> bool:
     """Whether t's bytes lie in this process's mapping of folder/data.bin (/proc/self/maps)."""
     target = str((folder / "data.bin").resolve())

@@ -107,6 +107,8 @@ def test_the_op_reads_the_values_the_gguf_package_dequantizes(tmp_path: Path, ty
     got = reader(ids)
     assert got.dtype == torch.float32 and got.abs().max() > 0
     assert torch.equal(got.view(torch.int32), want[ids].view(torch.int32))  # the same bits
+    whole = reader.chunk(0, rows)  # a quantized head's build reads its rows by the op too
+    assert torch.equal(whole.view(torch.int32), want.view(torch.int32)) and torch.equal(reader.chunk(7, 7), want[:0])
     grid = reader(ids[:12].view(3, 4), torch.bfloat16)  # [3, 4] ids: [3, 4, columns], cast once
     assert grid.shape == (3, 4, columns) and torch.equal(grid, want[ids[:12]].view(3, 4, columns).bfloat16())
     assert reader(torch.tensor([], dtype=torch.int64)).shape == (0, columns)
