@@ -64,7 +64,7 @@ def test_engine_on_auto_logs_the_plan(tiny_model_dir: Path, caplog: pytest.LogCa
     from kvstrata.model.cpu_caps import read_cpu_info
 
     expected = plan_dtype("auto", cpu=read_cpu_info()).dtype
-    with caplog.at_level(logging.INFO, logger="kvstrata.engine.engine"):
+    with caplog.at_level(logging.INFO, logger="kvstrata.engine.model_loader"):
         llm = LLM(str(tiny_model_dir), max_total_tokens=64)
     assert llm.engine.info.dtype == expected
     assert any(r.getMessage().startswith(f"dtype_plan dtype={expected} ") for r in caplog.records)
