@@ -183,8 +183,9 @@ class ConvertedCache:
         renaming it into place (~1 s for a 1B Q8_0's tiles, which its first start waited on) go on in a
         thread, which `load` of the same group waits for and the interpreter joins at exit."""
         folder = self.folder(group)
-        if folder.exists():
-            return self.load(group) or built
+        kept = self.load(group)  # written meanwhile (by another process, or this one's commit still running)
+        if kept is not None:
+            return kept
         tmp = self._write(folder, built)
         mapped = self._map(tmp) if tmp is not None else None
         if tmp is None or mapped is None:
@@ -197,7 +198,8 @@ class ConvertedCache:
                 self._commit(group, tmp, folder)
             finally:
                 with _pending_lock:
-                    _pending.pop(folder, None)
+                    if _pending.get(folder) is threading.current_thread():
+                        del _pending[folder]
 
         thread = threading.Thread(target=commit, name=f"converted-cache-{group}")
         with _pending_lock:
