@@ -56,10 +56,11 @@ def main() -> None:
         llm.generate([ids], SamplingParams(max_tokens=a.tokens, temperature=0.0))
     model.head = head
     x = torch.cat(recorder.inputs)
-    rows, vocab, hidden = head.exact_source()
-    weights = rows(0, vocab).float()
+    source, vocab, hidden = head.exact_source()
+    weights = source(0, vocab).float()
     exact = x @ weights.T
     best = exact.argmax(-1)
+    rows = lambda start, stop: weights[start:stop]  # noqa: E731  (decoded once above, not again per form)
     forms = {"int8": Int8Head.from_rows(rows, vocab, hidden, True), "4-bit": Q4Head.from_rows(rows, vocab, hidden)}
     print(f"model={a.model} steps={x.shape[0]} vocab={vocab} hidden={hidden}")
     p_exact = torch.log_softmax(exact, -1)

@@ -101,7 +101,7 @@ class ConvertedCache:
         if folder.exists():
             return True
         tmp = self._write(folder, tensors)
-        return tmp is not None and self._commit(group, tmp, folder)
+        return tmp is not None and self._commit(tmp, folder)
 
     def _write(self, folder: Path, tensors: dict[str, torch.Tensor]) -> Path | None:
         """The group written into a new temporary folder (not yet synced), or None, logged, where it cannot be."""
@@ -129,7 +129,7 @@ class ConvertedCache:
                 shutil.rmtree(tmp, ignore_errors=True)
             return None
 
-    def _commit(self, group: str, tmp: Path, folder: Path) -> bool:
+    def _commit(self, tmp: Path, folder: Path) -> bool:
         """Sync a written temporary folder to disk, then rename it into place (so a crash never leaves a
         named folder whose bytes did not reach the disk); True where the group is in place after, by this
         write or another process's."""
@@ -147,10 +147,10 @@ class ConvertedCache:
                 return True
             log.warning("event=converted_cache_not_written folder=%s error=%s", folder, exc)
             return False
-        self._prune(group, folder)
+        self._prune()
         return True
 
-    def _prune(self, group: str, keep: Path) -> None:
+    def _prune(self) -> None:
         for old in self.root.glob(f"{self.identity}-*"):  # this file's folders of other layouts, any group
             if not old.name.endswith(f"-{LAYOUT}"):
                 shutil.rmtree(old, ignore_errors=True)
@@ -187,15 +187,16 @@ class ConvertedCache:
         if kept is not None:
             return kept
         tmp = self._write(folder, built)
-        mapped = self._map(tmp) if tmp is not None else None
-        if tmp is None or mapped is None:
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is None:
+            return built
+        mapped = self._map(tmp)
+        if mapped is None:
+            shutil.rmtree(tmp, ignore_errors=True)
             return built
 
         def commit() -> None:
             try:
-                self._commit(group, tmp, folder)
+                self._commit(tmp, folder)
             finally:
                 with _pending_lock:
                     if _pending.get(folder) is threading.current_thread():

@@ -47,7 +47,7 @@ class GgufRows:
         """[n, columns] in `dtype` for the rows `ids` [n] (any integer tensor), read from the file; on the
         package's path a row asked for several times (the head's candidates of a step's rows overlap) is read
         and decoded once (the op decodes a row in microseconds: it reads repeats again)."""
-        if self.native and self._ggml_type >= 0:
+        if self._by_op:
             flat = ids.to(torch.int64).reshape(-1)
             out = torch.ops.kvstrata.gguf_rows(self._fd, self._offset, self._raw.shape[1], flat, self._ggml_type,
                                                self.shape[1], self.shape[0])
@@ -57,6 +57,11 @@ class GgufRows:
             return self.decode(self._raw[at], dtype)
         rows, inverse = np.unique(at, return_inverse=True)
         return self.decode(self._read(rows), dtype)[torch.from_numpy(inverse.reshape(at.shape))]
+
+    @property
+    def _by_op(self) -> bool:
+        """Whether rows are read and decoded by csrc/gguf_rows.cpp (the op is built and decodes this type)."""
+        return self.native and self._ggml_type >= 0
 
     def _read(self, rows: np.ndarray) -> np.ndarray:
         """The raw bytes of `rows` (sorted, distinct) [n, bytes a row], one pread each."""
@@ -78,7 +83,7 @@ class GgufRows:
     def chunk(self, start: int, stop: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Rows start..stop (building a quantized head from them): by the op where it decodes this type (a
         1B Q4_K_M's 49,152 Q6_K head rows 0.9 s through the package at a first start), else through the map."""
-        if self.native and self._ggml_type >= 0:
+        if self._by_op:
             return self(torch.arange(start, stop), dtype)
         return self.decode(self._raw[start:stop], dtype)
 
