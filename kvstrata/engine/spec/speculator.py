@@ -6,8 +6,10 @@ the k drafted ones in one pass (the runner gives it k + 1 rows of logits, verify
 model agrees with). Drafts take room the step leaves: the step budget, free KV pages (never by
 preempting), and under `auto` at most `spec_max_step_rows` rows in all: up to there a step costs its
 weight reads, wider it is compute-bound and each extra row costs about what a decode step saves.
-Rows with the best drafts (most expected accepted tokens) are served first; under `auto` a step that
-computes a prompt chunk takes no drafts (its request's first token would wait on them).
+Rows with the best drafts (most expected accepted tokens) are served first. Under `auto` two kinds of
+step take no drafts, because a prompt's first token waits on them: a step that computes a prompt chunk,
+and the step right after one in which a request finished while others decode (an agent sends its next
+request a round trip after the reply ends, so that request's prompt waits on the step then running).
 
 Modes (`--speculative`): `ngram` drafts from the request's own prompt and output (prompt lookup);
 `suffix` also from its tenant's recent outputs (the `extra_key`: a tenant's text never drafts for
@@ -39,6 +41,7 @@ class Speculator:
         self.totals = SpecStats()  # over every request, for /metrics
         self.cost: StepCost = FALLBACK  # what a step's rows cost here (cost.py)
         self.measured = False  # cost timed on this machine (Engine.measure_spec_cost)
+        self.follow_up_due = False  # a request finished in the last step: its client's next request is on its way
 
     def _drafter(self, req: Request) -> RequestDrafter:
         d = self._drafters.get(req.request_id)
@@ -59,7 +62,8 @@ class Speculator:
         `spec_max_step_rows` rows. A long context makes a row dearer: it is scored once a row."""
         rows = sum(batch.num_tokens)
         room = budget if self.max_step_rows is None else min(budget, self.max_step_rows - rows)
-        if room <= 0 or (self.max_step_rows is not None and self.computes_a_prompt(batch)):
+        follow_up, self.follow_up_due = self.follow_up_due, False
+        if room <= 0 or (self.max_step_rows is not None and (follow_up or self.computes_a_prompt(batch))):
             return
         cost = self.cost
         offers: list[tuple[float, float, int, int]] = []  # (gain / time, gain, request index, position in its draft)
@@ -125,6 +129,9 @@ class Speculator:
         d = self._drafters.pop(req.request_id, None)
         if d is not None and keep_output and self.mode != "ngram":
             d.finish()
+        # the step after a finished reply stays short: its client's next request arrives during that step
+        # (docs/speculative.md: multiround's later rounds)
+        self.follow_up_due = self.follow_up_due or (keep_output and d is not None)
 
     @property
     def num_requests(self) -> int:

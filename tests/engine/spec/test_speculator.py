@@ -170,6 +170,38 @@ def test_auto_adds_no_drafts_to_a_step_that_computes_a_prompt(tiny_model_dir: Pa
     eng.check_integrity()
 
 
+@pytest.mark.parametrize("mode", ["auto", "suffix"])
+def test_auto_adds_no_drafts_to_the_step_after_a_reply_ends(tiny_model_dir: Path, mode: str) -> None:
+    """b's reply ends while a decodes with drafts that pay: under auto the next step leaves a's draft out
+    (b's client sends its next request during that step, and its prompt would wait on the drafts), the
+    step after drafts again; an explicit mode (suffix) drafts in both."""
+    from kvstrata.engine.spec.cost import StepCost
+
+    llm = make(tiny_model_dir, speculative=mode)
+    eng, spec = llm.engine, llm.engine.spec
+    spec.cost, spec.measured = StepCost(base=1e3, per_row=1e-9, per_token=0.0, per_token_extra=0.0), True  # pays
+    eng.add_request("a", repetitive_prompts(1, seed=3)[0], SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True))
+    eng.add_request("b", list(range(3, 40)), SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))
+    after_end = None  # steps since b's reply ended
+    drafted_after = []  # (steps since b ended, a had a draft, a's step took it)
+    for _ in range(120):
+        batch = eng.scheduler.schedule()
+        spec.draft(batch, eng.scheduler.kv, 100)
+        if after_end is not None:
+            i = [r.request_id for r in batch.requests].index("a")
+            has_draft = spec._drafter(batch.requests[i]).propose().tokens != []
+            drafted_after.append((after_end, has_draft, bool(batch.draft(i))))
+            after_end += 1
+            if after_end == 2:
+                break
+        outs = eng.postprocess(batch, eng.runner.run(batch))
+        if any(o.request_id == "b" and o.finished for o in outs):
+            after_end = 0
+    assert len(drafted_after) == 2 and all(has for _, has, _ in drafted_after), drafted_after  # a had drafts to offer
+    assert [took for _, _, took in drafted_after] == ([False, True] if mode == "auto" else [True, True])
+    eng.check_integrity()
+
+
 def test_a_tenants_outputs_draft_only_for_that_tenant(tiny_model_dir: Path) -> None:
     llm = make(tiny_model_dir, speculative="suffix")
     p = repetitive_prompts(1, seed=5)[0]
