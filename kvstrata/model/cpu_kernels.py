@@ -59,13 +59,25 @@ def build_tag(sources: tuple[Path, ...] = SOURCES) -> str:
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
+def use_package_ninja() -> None:
+    """Put the ninja of our `ninja` dependency first on PATH. Builds are incremental through ninja's log,
+    which records a hash of each command, and ninja 1.12 changed that hash: where the system has another
+    ninja (Debian's 1.11) and a start finds one or the other by how it was launched (the venv activated
+    or not), every start rebuilt all the kernels (~80 s on 2 cores). Where the package is missing, the
+    PATH's ninja stays."""
+    try:
+        import ninja
+    except ImportError:
+        return
+    path = os.environ.get("PATH", "")
+    if path.split(os.pathsep)[0] != ninja.BIN_DIR:
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + path
+
+
 def _build(name: str, directory: Path) -> None:
     from torch.utils import cpp_extension
 
-    if shutil.which("ninja") is None:  # the pip wheel's binary, when the venv's bin is not on PATH
-        import ninja
-
-        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    use_package_ninja()
     directory.mkdir(parents=True, exist_ok=True)
     # torch's own build lock is a plain file, left behind if a builder is killed, and then every later
     # start waits on it forever; an flock dies with its holder, so under ours a leftover is stale

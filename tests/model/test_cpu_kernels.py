@@ -3,8 +3,11 @@ replaces: the same attention over random, scattered page tables, for each head s
 dtype and context length it is built for (long contexts are split over spans and merged)."""
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -206,3 +209,16 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.stdout.strip() == "True", done.stderr[-2000:]
     assert not (build_dir / "lock").exists()
+
+
+def test_builds_use_the_ninja_of_the_package_whatever_the_path(monkeypatch) -> None:
+    """Two ninja versions hash build commands differently, so a start that found the system's ninja after
+    one that found the package's rebuilt every kernel: the package's goes first on PATH, once."""
+    import ninja
+
+    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", "/bin"]))
+    cpu_kernels.use_package_ninja()
+    cpu_kernels.use_package_ninja()
+    path = os.environ["PATH"].split(os.pathsep)
+    assert path == [ninja.BIN_DIR, "/usr/bin", "/bin"]
+    assert Path(shutil.which("ninja") or "").parent == Path(ninja.BIN_DIR)
