@@ -211,7 +211,7 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next() -> None:
     assert not (build_dir / "lock").exists()
 
 
-def test_builds_use_the_ninja_of_the_package_whatever_the_path(monkeypatch) -> None:
+def test_builds_use_the_ninja_of_the_package_whatever_the_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two ninja versions hash build commands differently, so a start that found the system's ninja after
     one that found the package's rebuilt every kernel: the package's goes first on PATH, once."""
     import ninja

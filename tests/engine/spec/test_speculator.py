@@ -182,8 +182,8 @@ def test_auto_adds_no_drafts_to_the_step_after_a_reply_ends(tiny_model_dir: Path
     spec.cost, spec.measured = StepCost(base=1e3, per_row=1e-9, per_token=0.0, per_token_extra=0.0), True  # pays
     eng.add_request("a", repetitive_prompts(1, seed=3)[0], SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True))
     eng.add_request("b", list(range(3, 40)), SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))
-    after_end = None  # steps since b's reply ended
-    drafted_after = []  # (steps since b ended, a had a draft, a's step took it)
+    after_end: int | None = None  # steps since b's reply ended
+    drafted_after: list[tuple[int, bool, bool]] = []  # (steps since b ended, a had a draft, a's step took it)
     for _ in range(120):
         batch = eng.scheduler.schedule()
         spec.draft(batch, eng.scheduler.kv, 100)
