@@ -105,7 +105,8 @@ class Engine:
         )
         self._requests: dict[str, Request] = {}
         self.spec = (None if sched_cfg.speculative == "off" else  # speculative decoding (engine/spec/)
-                     Speculator(sched_cfg.speculative, sched_cfg.num_speculative_tokens, sched_cfg.spec_max_step_rows, limit))
+                     Speculator(sched_cfg.speculative, sched_cfg.num_speculative_tokens, sched_cfg.spec_max_step_rows, limit,
+                                end_ids=eos))
         root = self.prefix_cache.root.hex()[:16] if self.prefix_cache is not None else "-"
         log.info(  # kv_namespace: servers share L2/L3 pages only when theirs match (model, dtype, page size, layout)
             "engine ready model=%s dtype=%s pages=%d page_size=%d max_model_len=%d threads=%d kv_namespace=%s "

@@ -1,13 +1,17 @@
 """A request's drafts: from its own prompt and output, and from its tenant's recent outputs.
 
 `RequestDrafter` searches the request's tokens (`ContextMatcher`) (what the agent already wrote: the
-file it sends back, the JSON it edits, the tool-call skeleton of the last turn) and asks `TenantOutputs`
-for the index of its tenant's finished outputs (the same reply shape across requests). Of the two
-drafts it keeps the one with more expected accepted tokens; a draft from where the last one came from,
-moved on past the model's edits (`CopyPointer`), replaces it when that place agrees better with the
-context. A tenant's outputs draft only for that tenant's requests: drafts never carry one tenant's text
-into another's request. What each step emitted, against what was proposed, teaches the request's
-`SiteStats` where drafts break: the chances the cost model weighs drafted tokens by.
+file it sends back, the JSON it edits, the tool-call skeleton of the last turn) and the index of its
+tenant's finished outputs (`TenantOutputs`: the same reply shape across requests), and keeps the more
+confident draft, except where the request's own draft comes from its reply so far (a reply repeating
+itself: the items of a list it writes out), which other replies of the same shape would fill with their
+own values (docs/speculative.md, "Against SuffixDecoding's reference"). A draft from where the last one
+came from, moved on past the model's edits (`CopyPointer`), replaces it when that place agrees better
+with the context. A tenant's outputs draft only for that tenant's requests: drafts never carry one
+tenant's text into another's request. A draft ends at a token that ends the reply (`end_ids`, the
+model's EOS): what follows one in the context is another turn (`<|im_end|>`, then `assistant`), never
+this reply. What each step emitted, against what was proposed, teaches the request's `SiteStats` where
+drafts break: the chances the cost model weighs drafted tokens by.
 
 Draft length adapts as in SuffixDecoding: at most `spec_factor` x the matched length (a long match is
 a confident one), never over `max_tokens`. A request whose acceptance stays under `disable_below` after
@@ -37,6 +41,7 @@ class SpecConfig:
     probation: int = 32
     tenant_tokens: int = 1 << 16  # each tenant's recent outputs, in tokens
     max_tenants: int = 256
+    end_ids: frozenset[int] = frozenset()  # tokens that end a reply: a draft stops after one
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_tokens <= 64:
@@ -130,8 +135,11 @@ class RequestDrafter:
                 self.pointer = CopyPointer(*draft.source)
         elif proposal is not None:
             self.pointer = None  # the proposal was for another context: where it came from says nothing
-        if self.pointer is not None:
-            self.pointer.advance(len(tokens))
+        p = self.pointer
+        if p is not None and self.config.end_ids.intersection(p.source[p.pos:p.pos + len(tokens)]):
+            self.pointer = None  # the copy ran past the end of a turn: the reply left the text it quoted
+        elif p is not None:
+            p.advance(len(tokens))
         self.own.extend(tokens)
 
     def accept_chances(self, draft: Sequence[int]) -> list[float]:
@@ -145,7 +153,9 @@ class RequestDrafter:
         if self.disabled or cap < 1:
             return EMPTY
         best = self.own.propose(cap, c.min_prob, c.min_match)
-        tenant_index = self.outputs.index(self.tenant)
+        # the reply repeating itself: its own tokens know the values better than other replies of the shape
+        repeats = best.source is not None and best.source[1] >= self.output_start
+        tenant_index = None if repeats else self.outputs.index(self.tenant)
         if tenant_index is not None:
             other = tenant_index.propose(self.context, cap, c.min_prob, c.min_match)
             if other.score > best.score:
@@ -155,10 +165,22 @@ class RequestDrafter:
         if self.pointer is not None:
             score, pos = self.pointer.best(self.context)
             source = self.pointer.source
-            if score > (aligned(*best.source, self.context) if best.source is not None else 0):
-                tokens = list(source[pos:pos + cap])
+            tokens = list(source[pos:pos + cap])
+            # a place whose next token ends a turn: the copy reached the end of another turn's text (a user
+            # message the reply quoted), which says nothing of where the reply goes
+            if tokens and tokens[0] not in c.end_ids and score > (
+                    aligned(*best.source, self.context) if best.source is not None else 0):
                 draft = Draft(tokens, [1.0] * len(tokens), score, (source, pos))
+        draft = self._end_at_reply_end(draft)
         self._proposal = (len(self.context), draft)
+        return draft
+
+    def _end_at_reply_end(self, draft: Draft) -> Draft:
+        """The draft up to and with its first token that ends the reply."""
+        ends = self.config.end_ids
+        for i, t in enumerate(draft.tokens if ends else ()):
+            if t in ends:
+                return Draft(draft.tokens[:i + 1], draft.probs[:i + 1], draft.match_len, draft.source)
         return draft
 
     def record(self, drafted: int, accepted: int) -> None:

@@ -18,6 +18,8 @@ drafting. A constrained request's draft is cut where its grammar would refuse a 
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 from kvstrata.engine.kv_manager import KVCacheManager
 from kvstrata.engine.request import Request
 from kvstrata.engine.scheduler import ScheduledBatch
@@ -28,12 +30,15 @@ MODES = ("auto", "off", "suffix", "ngram")
 
 
 class Speculator:
-    def __init__(self, mode: str, max_tokens: int, max_step_rows: int, max_model_len: int) -> None:
+    def __init__(self, mode: str, max_tokens: int, max_step_rows: int, max_model_len: int,
+                 end_ids: Sequence[int] = ()) -> None:
+        """`end_ids`: the tokens that end a reply (the model's EOS): no draft goes past one."""
         if mode not in MODES or mode == "off":
             raise ValueError(f"speculative mode must be one of {MODES[:1] + MODES[2:]}, got {mode!r}")
         self.mode = mode
         # explicit modes draft whatever the acceptance; auto gives up on a request that keeps failing
-        self.config = SpecConfig(max_tokens=max_tokens, **({} if mode == "auto" else {"disable_below": 0.0}))
+        self.config = SpecConfig(max_tokens=max_tokens, end_ids=frozenset(end_ids),
+                                 **({} if mode == "auto" else {"disable_below": 0.0}))
         self.max_step_rows = max_step_rows if mode == "auto" else None
         self.max_model_len = max_model_len
         self.outputs = TenantOutputs(self.config)

@@ -105,3 +105,41 @@ def test_accept_chances_learn_where_drafts_break() -> None:
     first, second, third, fourth = d.accept_chances([1, 2, 3, 4])  # after [.., 7, 8, 9]
     assert first > 0.8 and second / first > 0.8 and third / second > 0.8
     assert fourth / third < 0.3
+
+
+def test_a_reply_repeating_itself_drafts_from_itself_before_its_tenants_outputs() -> None:
+    """Where the request's own draft comes from its reply (the reply repeats itself: items of a list it
+    writes out), its tenant's outputs are not asked, even when they hold the same match more often (an
+    earlier reply of that shape, with its own values); where it comes from the prompt, the more confident
+    of the two drafts."""
+    cfg = SpecConfig(max_tokens=4)
+    outputs = TenantOutputs(cfg)
+    earlier = RequestDrafter([1], "t", outputs, cfg)
+    earlier.append([60, 61, 62, 63, 70, 60, 61, 62, 63, 71])
+    earlier.finish()
+    d = RequestDrafter([1], "t", outputs, cfg)
+    d.append([60, 61, 90, 91, 5, 60, 61, 95, 96, 6, 60, 61])  # its own: [60, 61] went on with 90, then 95
+    assert d.propose().tokens[0] == 95  # the newest of its own occurrences, though the tenant's say 62 twice
+    quoting = RequestDrafter([60, 61, 90, 91, 5, 60, 61, 95, 96, 6], "t", outputs, cfg)
+    quoting.append([60, 61])  # the same text in the prompt: the tenant's more confident draft wins
+    assert quoting.propose().tokens == [62, 63]
+
+
+def test_a_draft_ends_at_the_end_of_the_reply() -> None:
+    """A reply that copies the user's message to its end: the draft stops at the EOS (the reply may end
+    there); the turn after it in the context (the template's `assistant` and the last reply) is never
+    drafted, from the suffix search or from the copy pointer."""
+    eos, turn = 2, [1, 77, 78]  # <|im_end|>, then <|im_start|>assistant\n
+    cfg = SpecConfig(max_tokens=16, end_ids=frozenset({eos}))
+    quoted = DOC[:30]
+    d = RequestDrafter([5] + quoted + [eos] + turn + [300, 301, 302, eos] + turn, "t", TenantOutputs(cfg), cfg)
+    d.append(quoted[:20])
+    assert d.propose().tokens == quoted[20:30] + [eos]
+    d.append(quoted[20:30])
+    assert d.propose().tokens == [eos]
+    d.append([400])  # the reply goes on past the quote: the copy's place is at the quote's end
+    assert eos not in d.propose().tokens[1:]
+    without = RequestDrafter([5] + quoted + [eos] + turn, "t", TenantOutputs(SpecConfig(max_tokens=16)),
+                             SpecConfig(max_tokens=16))
+    without.append(quoted[:20])
+    assert without.propose().tokens[10:12] == [eos, 1]  # no end_ids: the draft runs on into the next turn

@@ -210,6 +210,7 @@ def test_a_tenants_outputs_draft_only_for_that_tenant(tiny_model_dir: Path) -> N
     assert spec.outputs.index("alice") is not None
     assert spec.outputs.index("bob") is None and spec.outputs.index("") is None
     assert spec.num_requests == 0  # finished requests leave no drafter behind
+    assert spec.config.end_ids and spec.config.end_ids == llm.engine.outputs.eos_token_ids  # drafts stop at EOS
 
 
 def test_a_constrained_request_drafts_within_its_grammar(smollm2_path: Path) -> None:
