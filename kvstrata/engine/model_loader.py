@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # decode steps of up to this many rows (a batch, or a verify step's rows) stay on the quantized kernels: in
 # float32 the dense GEMM is the slower way for SmolLM2 Q4_1 on the Zen 3 EPYC (bench/verify_rows.py, 1,000-token
-# prompts: batch 12 / 16 in 67 / 100 ms a step against 124 / 160, docs/speculative.md); bf16 keeps the model's 8
-# (its dense GEMM is fast with avx512_bf16; not measured here)
+# prompts: batch 12 / 16 in 67 / 100 ms a step against 124 / 160, docs/speculative-runs.md); bf16 keeps the
+# model's 8 (its dense GEMM is fast with avx512_bf16; not measured here)
 DECODE_MAX_ROWS = {torch.float32: 32}
 
 
