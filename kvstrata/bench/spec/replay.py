@@ -8,7 +8,7 @@ recorded reply and emits it and the model's own next token, as a greedy verify s
 reply then joins what the source knows (its tenant's outputs) before the next request starts, as the
 engine's does when a request finishes. Reported per source: decode steps, tokens per decode step (decode's
 speed-up if verifying drafts cost nothing, the ceiling any timing can show), drafted and accepted tokens,
-and the source's own time per proposal.
+the source's own time a step, and its time when a request ends (per 1,000 output tokens).
 
 The same sources the engine runs (`RequestDrafter` in the `suffix` and `ngram` modes, their whole drafts,
 no cost model), or any object with `start`, `propose`, `emitted` and `finish`
@@ -82,6 +82,7 @@ class Replayed:
     drafted: int = 0
     accepted: int = 0
     draft_s: float = 0.0  # time in the source's propose and emitted calls
+    finish_s: float = 0.0  # time in its finish call (the engine's: when the request ends, on the engine thread)
     accepted_lengths: dict[int, int] = field(default_factory=dict)
 
 
@@ -114,7 +115,9 @@ def replay_request(source: DraftSource, rid: int, req: Recorded, k: int) -> Repl
             out.drafted += len(draft)
             out.accepted += kept
             out.accepted_lengths[kept] = out.accepted_lengths.get(kept, 0) + 1
+    began = time.perf_counter()
     source.finish(rid)
+    out.finish_s = time.perf_counter() - began
     return out
 
 
@@ -132,4 +135,5 @@ def summary(rows: Sequence[Replayed]) -> dict[str, float]:
             "tokens_per_step": decoded / steps if steps else 0.0, "drafted": drafted,
             "accepted": sum(r.accepted for r in rows),
             "acceptance": sum(r.accepted for r in rows) / drafted if drafted else 0.0,
-            "us_per_step": 1e6 * sum(r.draft_s for r in rows) / steps if steps else 0.0}
+            "us_per_step": 1e6 * sum(r.draft_s for r in rows) / steps if steps else 0.0,
+            "finish_ms_per_1k_tokens": 1e6 * sum(r.finish_s for r in rows) / out if out else 0.0}

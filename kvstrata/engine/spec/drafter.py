@@ -165,7 +165,7 @@ class RequestDrafter:
         if self.pointer is not None:
             score, pos = self.pointer.best(self.context)
             source = self.pointer.source
-            tokens = list(source[pos:pos + cap])
+            tokens = [int(t) for t in source[pos:pos + cap]]  # a tenant's output is an int32 array
             # a place whose next token ends a turn: the copy reached the end of another turn's text (a user
             # message the reply quoted), which says nothing of where the reply goes
             if tokens and tokens[0] not in c.end_ids and score > (

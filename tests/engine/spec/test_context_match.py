@@ -20,7 +20,11 @@ def test_drafts_match_a_token_index_over_the_context(tokens: list[int], max_toke
     index.extend(0, tokens)
     matcher = ContextMatcher(tokens[: len(tokens) // 2], max_match)
     matcher.extend(tokens[len(tokens) // 2 :])  # grown in two parts: the array regrows
-    assert matcher.propose(max_tokens, min_prob, min_match) == index.propose(tokens, max_tokens, min_prob, min_match)
+    a, b = matcher.propose(max_tokens, min_prob, min_match), index.propose(tokens, max_tokens, min_prob, min_match)
+    assert (a.tokens, a.probs, a.match_len) == (b.tokens, b.probs, b.match_len)
+    assert (a.source is None) == (b.source is None)
+    if a.source is not None and b.source is not None:  # the same place: the index holds the context as a copy
+        assert a.source[1] == b.source[1] and list(a.source[0]) == list(b.source[0])
 
 
 def test_a_copied_document_is_drafted_from_where_it_was() -> None:

@@ -1,6 +1,7 @@
-"""The draft source's index (kvstrata/engine/spec/token_index.py): the longest earlier occurrence of the
+"""The tenant's draft source (kvstrata/engine/spec/token_index.py): the longest earlier occurrence of the
 context's end, the majority continuation with its share as probability, drafts past the match length,
-sequences kept apart, dropped sequences gone, and a brute-force reference over random sequences."""
+sequences kept apart (no match across two), dropped sequences gone, and a brute-force reference over
+random sequences."""
 from __future__ import annotations
 
 from collections import Counter
@@ -53,19 +54,23 @@ def test_sequences_are_kept_apart_and_a_dropped_one_drafts_nothing() -> None:
     assert index.propose([5], max_tokens=3).tokens == [6, 7]
     index.drop(2)
     assert 2 not in index and index.propose([5], max_tokens=3).tokens == []
-    for i in range(3, 40):  # drops outnumber live entries: compacted, the live ones still draft
+    for i in range(3, 40):  # many added and dropped: the live ones still draft
         index.extend(i, [50 + i, 60 + i])
         index.drop(i)
     assert index.propose([1, 2], max_tokens=1).tokens == [3] and index.num_tokens == 3
 
 
-def test_a_hash_collision_never_drafts_from_the_wrong_place() -> None:
-    index = TokenIndex(max_match=3)
-    index.extend(0, [1, 2, 3, 4, 5])
-    index._index = [{0: entries} for entries in ([(0, e) for e in range(5)],) * 3]  # every n-gram one bucket
-    index._suffix_hashes = lambda context, n: [0] * n  # type: ignore[method-assign]
-    assert index.propose([9, 9, 2], max_tokens=2).tokens == [3, 4]  # the [2] occurrence only
-    assert index.propose([7, 8, 6], max_tokens=2).tokens == []
+def test_a_match_never_spans_two_sequences() -> None:
+    """The sequences lie end to end when searched: a context whose end joins one sequence's last tokens to
+    the next one's first matches neither across the junction."""
+    index = TokenIndex(max_match=4)
+    index.extend(1, [1, 2, 3])
+    index.extend(2, [4, 5, 6])
+    draft = index.propose([2, 3, 4], max_tokens=3)
+    assert draft.tokens == [5, 6] and draft.match_len == 1  # [4] in sequence 2; [3, 4] is no match
+    assert isinstance(draft.tokens[0], int) and list(draft.source[0]) == [4, 5, 6]  # type: ignore[index]
+    index.extend(1, [4, 7])  # sequence 1 grows: [1, 2, 3, 4, 7]
+    assert index.propose([2, 3, 4], max_tokens=1).tokens == [7] and index.num_tokens == 8
 
 
 def _reference_first(seq: list[int], context: list[int], max_match: int, max_occ: int) -> tuple[int, list[int]]:
