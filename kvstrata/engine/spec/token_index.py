@@ -119,14 +119,17 @@ def walk(pos: list[tuple[Sequence[int], int]], match_len: int, max_tokens: int, 
     prob = 1.0
     source: tuple[Sequence[int], int] | None = None
     while pos and len(tokens) < max_tokens:
-        counts = Counter(toks[i] for toks, i in pos)
-        tok, hits = max(counts.items(), key=lambda kv: (kv[1], kv[0] == pos[-1][0][pos[-1][1]]))
+        nxt = [toks[i] for toks, i in pos]
+        tok = nxt[-1]
+        hits = nxt.count(tok)
+        if 2 * hits <= len(nxt):  # the newest's token holds no majority: count them all (a copy seldom gets here)
+            tok, hits = max(Counter(nxt).items(), key=lambda kv: (kv[1], kv[0] == nxt[-1]))
         prob *= hits / len(pos)
         if prob < min_prob:
             break
         if source is None:  # the newest occurrence the draft follows
-            source = next((toks, i) for toks, i in reversed(pos) if toks[i] == tok)
+            source = next(p for p, t in zip(reversed(pos), reversed(nxt)) if t == tok)
         tokens.append(tok)
         probs.append(prob)
-        pos = [(toks, i + 1) for toks, i in pos if toks[i] == tok and i + 1 < len(toks)]
+        pos = [(toks, i + 1) for (toks, i), t in zip(pos, nxt) if t == tok and i + 1 < len(toks)]
     return Draft(tokens, probs, match_len, source)
