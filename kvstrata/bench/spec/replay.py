@@ -17,7 +17,7 @@ no cost model), or any object with `start`, `propose`, `emitted` and `finish`
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from kvstrata.engine.spec.drafter import RequestDrafter, SpecConfig, TenantOutputs
@@ -83,7 +83,6 @@ class Replayed:
     accepted: int = 0
     draft_s: float = 0.0  # time in the source's propose and emitted calls
     finish_s: float = 0.0  # time in its finish call (the engine's: when the request ends, on the engine thread)
-    accepted_lengths: dict[int, int] = field(default_factory=dict)
 
 
 def replay_request(source: DraftSource, rid: int, req: Recorded, k: int) -> Replayed:
@@ -114,7 +113,6 @@ def replay_request(source: DraftSource, rid: int, req: Recorded, k: int) -> Repl
         if draft:
             out.drafted += len(draft)
             out.accepted += kept
-            out.accepted_lengths[kept] = out.accepted_lengths.get(kept, 0) + 1
     began = time.perf_counter()
     source.finish(rid)
     out.finish_s = time.perf_counter() - began

@@ -12,7 +12,7 @@ equals) when a search first needs them, and a search compares the context's last
 token at once, then narrows the survivors by the token before, and so on, as `ContextMatcher` searches
 a request's own tokens. Adding a 2,000-token reply costs a copy (a hash index of every n-gram cost ~20
 ms per 1,000 tokens on the engine thread when a request finished, and ~270 MB for a tenant's 64k
-tokens); a search ~0.1 ms over a tenant's 64k tokens.
+tokens); a search ~40 us over a tenant's 64k tokens (measured on the Zen 3 EPYC, 2026-12-05).
 """
 from __future__ import annotations
 
