@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from kvstrata.engine.spec.token_index import EMPTY, Draft, walk
+from kvstrata.engine.spec.token_index import EMPTY, Draft, longest_match, walk
 
 
 class ContextMatcher:
@@ -44,13 +44,7 @@ class ContextMatcher:
             return EMPTY
         arr = self._arr
         ends = np.flatnonzero(arr[: L - 1] == arr[L - 1])  # earlier occurrences of the last token: something follows
-        n = 1
-        while ends.size and n < min(self.max_match, L - 1):
-            ends_n = ends[ends >= n]
-            longer = ends_n[arr[ends_n - n] == arr[L - 1 - n]]
-            if not longer.size:
-                break
-            ends, n = longer, n + 1
+        ends, n = longest_match(arr, ends, arr[L - min(self.max_match, L - 1) : L])
         if not ends.size or n < min_match:
             return EMPTY
         occ = ends[-self.max_occurrences :].tolist()

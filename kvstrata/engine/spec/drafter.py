@@ -165,12 +165,12 @@ class RequestDrafter:
         if self.pointer is not None:
             score, pos = self.pointer.best(self.context)
             source = self.pointer.source
-            tokens = [int(t) for t in source[pos:pos + cap]]  # a tenant's output is an int32 array
-            # a place whose next token ends a turn: the copy reached the end of another turn's text (a user
-            # message the reply quoted), which says nothing of where the reply goes
-            if tokens and tokens[0] not in c.end_ids and score > (
-                    aligned(*best.source, self.context) if best.source is not None else 0):
-                draft = Draft(tokens, [1.0] * len(tokens), score, (source, pos))
+            if score > (aligned(*best.source, self.context) if best.source is not None else 0):
+                tokens = [int(t) for t in source[pos:pos + cap]]  # a tenant's output is an int32 array
+                # a place whose next token ends a turn: the copy reached the end of another turn's text (a
+                # user message the reply quoted), which says nothing of where the reply goes
+                if tokens and tokens[0] not in c.end_ids:
+                    draft = Draft(tokens, [1.0] * len(tokens), score, (source, pos))
         draft = self._end_at_reply_end(draft)
         self._proposal = (len(self.context), draft)
         return draft

@@ -93,20 +93,28 @@ class TokenIndex:
         flat, starts, views = self._layout()
         tail = np.asarray(context[-self.max_match:], dtype=np.int64)
         ends = np.flatnonzero(flat[:-1] == tail[-1])  # the flat ends with a SEPARATOR: ends + 1 is in it
-        ends = ends[flat[ends + 1] != SEPARATOR]  # a token follows, in the same sequence
-        n = 1
-        while ends.size and n < len(tail):
-            ends_n = ends[ends >= n]
-            longer = ends_n[flat[ends_n - n] == tail[-1 - n]]  # a SEPARATOR never equals: no match spans two
-            if not longer.size:
-                break
-            ends, n = longer, n + 1
+        # a token follows, in the same sequence; a SEPARATOR never equals a token: no match spans two
+        ends, n = longest_match(flat, ends[flat[ends + 1] != SEPARATOR], tail)
         if not ends.size or n < min_match:
             return EMPTY
         occ = ends[-self.max_occurrences:]
         which = (np.searchsorted(starts, occ, side="right") - 1).tolist()
         d = walk([(views[k], e - int(starts[k]) + 1) for k, e in zip(which, occ.tolist())], n, max_tokens, min_prob)
         return Draft([int(t) for t in d.tokens], d.probs, d.match_len, d.source)
+
+
+def longest_match(tokens: np.ndarray, ends: np.ndarray, tail: np.ndarray) -> tuple[np.ndarray, int]:
+    """Of `ends` (positions in `tokens` that hold tail's last token), those where the longest suffix of `tail`
+    found at any of them ends, and its length: the survivors are narrowed by the token before, then the
+    one before that, while some survive (at most len(tail) tokens)."""
+    n = 1
+    while ends.size and n < len(tail):
+        ends_n = ends[ends >= n]
+        longer = ends_n[tokens[ends_n - n] == tail[-1 - n]]
+        if not longer.size:
+            break
+        ends, n = longer, n + 1
+    return ends, n
 
 
 def walk(pos: list[tuple[Sequence[int], int]], match_len: int, max_tokens: int, min_prob: float) -> Draft:
