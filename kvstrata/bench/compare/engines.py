@@ -99,8 +99,10 @@ def _llamacpp(port: int, gguf: str) -> list[str]:
             "-t", "2", "-tb", "2", "--no-webui", "--host", "127.0.0.1", "--port", str(port), "-a", "smollm2"]
 
 
-# vLLM's model-free speculation, as the issue ran it (n-gram prompt lookup; `suffix` needs arctic-inference)
+# vLLM's model-free speculation: n-gram prompt lookup as the issue ran it, and SuffixDecoding at vLLM's defaults
+# (a tree 24 deep, as many drafted tokens; arctic-inference's, bench/peers/build_arctic.sh)
 VLLM_NGRAM = '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
+VLLM_SUFFIX = '{"method": "suffix"}'
 
 ENGINES: dict[str, EngineSpec] = {
     "kvstrata": EngineSpec("kvstrata", _kvstrata, "", "", 300.0),
@@ -110,6 +112,8 @@ ENGINES: dict[str, EngineSpec] = {
     "vllm": EngineSpec("vllm", _vllm, ".peers/vllm/bin/python", "run `make bench-peers`", 600.0, write_hf_copy),
     "vllm-ngram": EngineSpec("vllm-ngram", lambda port, gguf: [*_vllm(port, gguf), "--speculative-config", VLLM_NGRAM],
                              ".peers/vllm/bin/python", "run `make bench-peers`", 600.0, write_hf_copy),
+    "vllm-suffix": EngineSpec("vllm-suffix", lambda port, gguf: [*_vllm(port, gguf), "--speculative-config", VLLM_SUFFIX],
+                              ".peers/arctic-build/wheels", "run `make bench-peers`", 600.0, write_hf_copy),
     "llamacpp": EngineSpec("llamacpp", _llamacpp, _llama_server(),
                            "run bench/peers/build_llama_server.sh (docs/peers.md)", 300.0),
 }

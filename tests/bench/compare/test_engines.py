@@ -56,6 +56,9 @@ def test_every_engine_serves_the_compared_gguf(tmp_path: Path, monkeypatch: pyte
     assert engines.ENGINES["kvstrata"].argv(8400, "models/x.gguf", ["--seed", "1"]) == [*cmd, "--seed", "1"]
     ngram = engines.ENGINES["vllm-ngram"].command(8400, "models/x.gguf")
     assert json.loads(ngram[ngram.index("--speculative-config") + 1])["method"] == "ngram"
+    suffix = engines.ENGINES["vllm-suffix"].command(8400, "models/x.gguf")
+    assert json.loads(suffix[suffix.index("--speculative-config") + 1]) == {"method": "suffix"}
+    assert suffix[:len(engines._vllm(8400, "models/x.gguf"))] == engines._vllm(8400, "models/x.gguf")
     engines.write_hf_copy(default_tokenizer())  # the default model's copy comes from `make bench-peers`
     engines.write_hf_copy(str(tmp_path / "llama-1b.gguf"))
     assert written == [(str(tmp_path / "llama-1b.gguf"), engines.REPO / ".peers/llama-1b-hf")]
