@@ -112,8 +112,9 @@ ENGINES: dict[str, EngineSpec] = {
     "vllm": EngineSpec("vllm", _vllm, ".peers/vllm/bin/python", "run `make bench-peers`", 600.0, write_hf_copy),
     "vllm-ngram": EngineSpec("vllm-ngram", lambda port, gguf: [*_vllm(port, gguf), "--speculative-config", VLLM_NGRAM],
                              ".peers/vllm/bin/python", "run `make bench-peers`", 600.0, write_hf_copy),
-    "vllm-suffix": EngineSpec("vllm-suffix", lambda port, gguf: [*_vllm(port, gguf), "--speculative-config", VLLM_SUFFIX],
-                              ".peers/arctic-build/wheels", "run `make bench-peers`", 600.0, write_hf_copy),
+    "vllm-suffix": EngineSpec("vllm-suffix",
+                              lambda port, gguf: [*_vllm(port, gguf), "--speculative-config", VLLM_SUFFIX],
+                              ".peers/vllm/.arctic-inference", "run `make bench-peers`", 600.0, write_hf_copy),
     "llamacpp": EngineSpec("llamacpp", _llamacpp, _llama_server(),
                            "run bench/peers/build_llama_server.sh (docs/peers.md)", 300.0),
 }
