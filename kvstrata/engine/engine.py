@@ -107,6 +107,8 @@ class Engine:
         self.spec = (None if sched_cfg.speculative == "off" else  # speculative decoding (engine/spec/)
                      Speculator(sched_cfg.speculative, sched_cfg.num_speculative_tokens, sched_cfg.spec_max_step_rows, limit,
                                 end_ids=eos))
+        if self.spec is not None:  # a lone request's widest verify step stays on its one-row steps' kernels
+            self.model.decode_max_rows = max(self.model.decode_max_rows, 1 + sched_cfg.num_speculative_tokens)
         root = self.prefix_cache.root.hex()[:16] if self.prefix_cache is not None else "-"
         log.info(  # kv_namespace: servers share L2/L3 pages only when theirs match (model, dtype, page size, layout)
             "engine ready model=%s dtype=%s pages=%d page_size=%d max_model_len=%d threads=%d kv_namespace=%s "

@@ -25,11 +25,13 @@ from kvstrata.model.weights import load_weights
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# decode steps of up to this many rows (a batch, or a verify step's rows) stay on the quantized kernels: in
-# float32 the dense GEMM is the slower way for SmolLM2 Q4_1 on the Zen 3 EPYC (bench/verify_rows.py, 1,000-token
-# prompts: batch 12 / 16 in 67 / 100 ms a step against 124 / 160, docs/speculative-runs.md); bf16 keeps the
-# model's 8 (its dense GEMM is fast with avx512_bf16; not measured here)
-DECODE_MAX_ROWS = {torch.float32: 32}
+# decode steps of up to this many rows (a batch, or a verify step's rows) stay on the quantized kernels, in
+# every dtype: a request's verify steps then run on the kernels of its one-row steps, so drafts do not change
+# its greedy tokens (a wider step in bf16 took the dense linears, and SmolLM2's edit replies diverged from the
+# 30th token on the Xeon of 2026-12-05). bench/verify_rows.py, 1,000-token prompts: float32 on the Zen 3 EPYC,
+# batch 12 / 16 in 67 / 100 ms a step against 124 / 160 on the dense GEMM (docs/speculative-runs.md); bf16 on the
+# Xeon (AVX-512, AMX), batch 12 / 16 / 24 / 32 in 48 / 65 / 109 / 129 ms against 51 / 62 / 125 / 124: no slower
+DECODE_MAX_ROWS = 32
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ def load_model(model_cfg: ModelConfig) -> LoadedModel:
     except (ValueError, RuntimeError) as exc:
         raise ConfigError(f"--attention-backend {model_cfg.attention_backend}: {exc}") from None
     model = LlamaModel(weights.arch, weights.tensors, dtype, device, attention, tiles=weights.tiles, q4=weights.q4,
-                       rows=weights.rows, decode_max_rows=DECODE_MAX_ROWS.get(dtype),
+                       rows=weights.rows, decode_max_rows=DECODE_MAX_ROWS,
                        fused_ops=model_cfg.fused_ops == "auto",
                        fused_decode_layers=model_cfg.fused_decode_layers == "auto",
                        act_bits=act_bits, int_prefill=prefill == "int",

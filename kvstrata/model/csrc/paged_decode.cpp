@@ -8,8 +8,8 @@
 // KV heads block by block, so a block's slots (all heads side by side) are read whole and in order: an
 // item per head read one slice of each slot, which a standalone read test on the Zen 3 EPYC (2 cores,
 // 256 of each 2,048 bytes, a 1B model's 8 heads) ran at 4.8 GB/s against 13.5 for the whole slots.
-// Long contexts are split into spans so that both cores work on a batch of one, short ones into sets of
-// heads; spans are merged by their log-sum-exp (as flash-decoding does).
+// Contexts are split into spans of fixed length, so that both cores work on a batch of one (short ones
+// into sets of heads as well); spans are merged by their log-sum-exp (as flash-decoding does).
 // A verify step (engine/spec/) gives one request several rows, each one token further over the same
 // pages: such rows form a group, and an item scores all the group's query rows against each K/V row
 // it loads, so the request's context is read once a step, not once a row.
@@ -44,6 +44,7 @@ constexpr int kBlock = 32;   // tokens scored before one softmax rescale
 constexpr int kMaxGroup = 16;  // query heads per KV head
 constexpr int kMaxQueries = 64;  // query rows one item scores: a row group's rows x the query heads of a KV head
 constexpr int64_t kMaxSplits = 64;  // spans per (row, KV head): the merge keeps their weights on the stack
+constexpr int64_t kSpan = 256;  // tokens a span holds (a multiple of kBlock) up to kMaxSplits spans
 
 template <typename T>
 inline float to_float(T x) { return static_cast<float>(x); }
@@ -263,12 +264,14 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
   for (int64_t b = 0; b < B; ++b) max_len = std::max(max_len, lens_p[b]);  // checked by paged_decode
   const std::vector<int64_t> groups = row_groups(lens_p, pages_p, B, P, page_size, kMaxQueries / G);
   const int64_t num_groups = static_cast<int64_t>(groups.size()) - 1;
-  // enough spans for every thread to have ~4 items, none shorter than 256 tokens; where that leaves a
-  // thread without one (short contexts), sets of heads as well
+  // spans of kSpan tokens (twice that, and so on, past kMaxSplits of them), whatever the step's other
+  // rows: a row's spans, and so its bits, are those it has alone (a verify row's are its one-row step's,
+  // engine/spec/: greedy output the same with drafts); where that leaves a thread without an item (short
+  // contexts), sets of heads as well
   const int64_t threads = at::get_num_threads();
-  const int64_t want = (4 * threads + num_groups - 1) / num_groups;
-  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>({want, (max_len + 255) / 256, kMaxSplits}));
-  const int64_t span = ((max_len + splits - 1) / splits + kBlock - 1) / kBlock * kBlock;
+  int64_t span = kSpan;
+  while ((max_len + span - 1) / span > kMaxSplits) span *= 2;
+  const int64_t splits = (max_len + span - 1) / span;
   const int64_t head_sets = std::clamp<int64_t>((2 * threads + num_groups * splits - 1) / (num_groups * splits), 1, Hkv);
   // per (row, KV head, span): G query rows' partial results, merged below
   std::vector<float> acc(B * Hkv * splits * G * D), ms(B * Hkv * splits * G), ls(B * Hkv * splits * G);
@@ -314,21 +317,24 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
   });
   scalar_t* o_p = out.data_ptr<scalar_t>();
   for (int64_t b = 0; b < B; ++b) {
+    // the row's own spans (those past its length are empty): a loop as long as the row's alone, which
+    // the compiler vectorizes alike (a longer one took a vector exp, another rounding)
+    const int64_t own = (lens_p[b] + span - 1) / span;
     for (int64_t h = 0; h < Hkv; ++h) {
       for (int g = 0; g < G; ++g) {
         const int64_t first = ((b * Hkv + h) * splits) * G + g;  // span 0 of this head, row g
         float m = -std::numeric_limits<float>::infinity();
-        for (int64_t sp = 0; sp < splits; ++sp) m = std::max(m, ms[first + sp * G]);
+        for (int64_t sp = 0; sp < own; ++sp) m = std::max(m, ms[first + sp * G]);
         float w[kMaxSplits];
         float l = 0.f;
-        for (int64_t sp = 0; sp < splits; ++sp) {
+        for (int64_t sp = 0; sp < own; ++sp) {
           w[sp] = ls[first + sp * G] > 0.f ? std::exp(ms[first + sp * G] - m) : 0.f;
           l += w[sp] * ls[first + sp * G];
         }
         scalar_t* o = o_p + (b * H + h * G + g) * D;
         for (int d = 0; d < D; ++d) {
           float x = 0.f;
-          for (int64_t sp = 0; sp < splits; ++sp) x += w[sp] * acc[(first + sp * G) * D + d];
+          for (int64_t sp = 0; sp < own; ++sp) x += w[sp] * acc[(first + sp * G) * D + d];
           o[d] = static_cast<scalar_t>(x / l);
         }
       }
