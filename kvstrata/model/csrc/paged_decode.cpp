@@ -34,6 +34,9 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define KVSTRATA_AVX2 1
+#if defined(__AVX512F__)  // every head size (16-256) is a multiple of 16 floats
+#define KVSTRATA_AVX512 1
+#endif
 #endif
 
 namespace {
@@ -82,12 +85,20 @@ inline void block_scores(const float* q, const float* const* rows, int n, float*
   for (; j + 8 <= n; j += 8) {
     __m256 p[8];
     for (int t = 0; t < 8; ++t) {
+#if KVSTRATA_AVX512
+      // the same sums in 16 lanes: lanes 0-7 are a0's below, 8-15 a1's, so low + high half is a0 + a1
+      // (the same bits in half the instructions)
+      __m512 a = _mm512_setzero_ps();
+      for (int c = 0; c < D; c += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + c), _mm512_loadu_ps(rows[j + t] + c), a);
+      p[t] = _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+#else
       __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
       for (int c = 0; c < D; c += 16) {
         a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(rows[j + t] + c), a0);
         a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c + 8), _mm256_loadu_ps(rows[j + t] + c + 8), a1);
       }
       p[t] = _mm256_add_ps(a0, a1);
+#endif
     }
     // hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | the same for lanes 4-7]: after two levels, lane i of the
     // low halves holds a quarter of p[i]'s sum and lane i of the high halves another, so one permute+add
@@ -105,6 +116,15 @@ inline void block_scores(const float* q, const float* const* rows, int n, float*
 // acc += sum_j p[j] * rows[j], with acc held in registers across the block
 template <int D>
 inline void block_accumulate(const float* p, const float* const* rows, int n, float* acc) {
+#if KVSTRATA_AVX512  // each lane's sum as in 8 lanes, in half the instructions
+  __m512 a[D / 16];
+  for (int c = 0; c < D / 16; ++c) a[c] = _mm512_loadu_ps(acc + 16 * c);
+  for (int j = 0; j < n; ++j) {
+    const __m512 w = _mm512_set1_ps(p[j]);
+    for (int c = 0; c < D / 16; ++c) a[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(rows[j] + 16 * c), a[c]);
+  }
+  for (int c = 0; c < D / 16; ++c) _mm512_storeu_ps(acc + 16 * c, a[c]);
+#else
   __m256 a[D / 8];
   for (int c = 0; c < D / 8; ++c) a[c] = _mm256_loadu_ps(acc + 8 * c);
   for (int j = 0; j < n; ++j) {
@@ -112,6 +132,7 @@ inline void block_accumulate(const float* p, const float* const* rows, int n, fl
     for (int c = 0; c < D / 8; ++c) a[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(rows[j] + 8 * c), a[c]);
   }
   for (int c = 0; c < D / 8; ++c) _mm256_storeu_ps(acc + 8 * c, a[c]);
+#endif
 }
 
 // the largest of s[0..n) and m
