@@ -3,14 +3,17 @@ random-weight model makes valid ones), previous_response_id chaining through the
 the streamed event sequence, and 400s naming unsupported fields."""
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Any
+from typing import Any, AsyncIterator
 
 import httpx
 import openai
 import pytest
 
 from kvstrata.engine.async_engine import AsyncEngine
+from kvstrata.engine.outputs import RequestOutput
+from kvstrata.engine.sampling_params import SamplingParams
 from kvstrata.serving.server import ServerThread
 from polling import wait_for
 from serving_support import RecordingEngine, assert_error, make_state, openai_client, serve
@@ -76,8 +79,18 @@ def test_openai_client_raises_on_unsupported(server: ServerThread, model_name: s
         openai_client(server).responses.create(model=model_name, input="hi", reasoning={"effort": "high"})
 
 
+class LateEngine(RecordingEngine):
+    """Each output 0.6 s late: the reply outlasts the client's 0.5 s however soon the model ends it (the tiny
+    random model's greedy reply reached EOS within that on the Xeon of 2026-12-05; the API has no ignore_eos)."""
+
+    async def generate(self, request_id: str, ids: list[int], params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        async for out in super().generate(request_id, ids, params):
+            await asyncio.sleep(0.6)
+            yield out
+
+
 def test_a_client_that_leaves_aborts_its_non_streamed_response(engine: AsyncEngine, model_name: str) -> None:
-    rec = RecordingEngine(engine)
+    rec = LateEngine(engine)
     body = {"model": model_name, "input": "tell me a long story", "max_output_tokens": 1900, "temperature": 0}
     with serve(make_state(rec)) as srv:
         with httpx.Client(base_url=srv.base_url, timeout=0.5) as http, pytest.raises(httpx.ReadTimeout):
