@@ -294,8 +294,10 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
   while ((max_len + span - 1) / span > kMaxSplits) span *= 2;
   const int64_t splits = (max_len + span - 1) / span;
   const int64_t head_sets = std::clamp<int64_t>((2 * threads + num_groups * splits - 1) / (num_groups * splits), 1, Hkv);
-  // per (row, KV head, span): G query rows' partial results, merged below
-  std::vector<float> acc(B * Hkv * splits * G * D), ms(B * Hkv * splits * G), ls(B * Hkv * splits * G);
+  // per (row, KV head, span): G query rows' partial results, merged below. Not zeroed: every one a row's merge
+  // reads was set by start_partial, and with fixed spans a wide batch at a long context holds MBs of them a call
+  const int64_t num_parts = B * Hkv * splits * G;
+  std::unique_ptr<float[]> acc(new float[num_parts * D]), ms(new float[num_parts]), ls(new float[num_parts]);
   const scalar_t* q_p = q.data_ptr<scalar_t>();
   const scalar_t* k_p = k_cache.data_ptr<scalar_t>();
   const scalar_t* v_p = v_cache.data_ptr<scalar_t>();
@@ -318,9 +320,9 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
         float* qh_f = qf.get() + (h - h0) * max_q * D;
         for (int q = 0; q < Q; ++q) {
           const int64_t b = b0 + q / G, base = ((b * Hkv + h) * splits + sp) * G + q % G;
-          part.acc[q] = acc.data() + base * D;
-          part.m[q] = ms.data() + base;
-          part.l[q] = ls.data() + base;
+          part.acc[q] = acc.get() + base * D;
+          part.m[q] = ms.get() + base;
+          part.l[q] = ls.get() + base;
           const scalar_t* qh = q_p + (b * H + h * G + q % G) * D;
           for (int d = 0; d < D; ++d) qh_f[q * D + d] = to_float(qh[d]) * scale;
         }
