@@ -285,10 +285,10 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
   for (int64_t b = 0; b < B; ++b) max_len = std::max(max_len, lens_p[b]);  // checked by paged_decode
   const std::vector<int64_t> groups = row_groups(lens_p, pages_p, B, P, page_size, kMaxQueries / G);
   const int64_t num_groups = static_cast<int64_t>(groups.size()) - 1;
-  // spans of kSpan tokens (twice that, and so on, past kMaxSplits of them), whatever the step's other
-  // rows: a row's spans, and so its bits, are those it has alone (a verify row's are its one-row step's,
-  // engine/spec/: greedy output the same with drafts); where that leaves a thread without an item (short
-  // contexts), sets of heads as well
+  // spans of kSpan tokens whatever the step's other rows: a row's spans, and so its bits, are those it has
+  // alone (a verify row's are its one-row step's, engine/spec/: greedy output the same with drafts); past
+  // kMaxSplits of them (a row of 16k tokens) every row's spans double. Where that leaves a thread without an
+  // item (short contexts), sets of heads as well
   const int64_t threads = at::get_num_threads();
   int64_t span = kSpan;
   while ((max_len + span - 1) / span > kMaxSplits) span *= 2;
