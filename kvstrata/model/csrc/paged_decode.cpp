@@ -313,6 +313,10 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
       const int64_t gi = item / (splits * head_sets), sp = (item / head_sets) % splits, hs = item % head_sets;
       const int64_t h0 = hs * Hkv / head_sets, h1 = (hs + 1) * Hkv / head_sets;
       const int64_t b0 = groups[gi], rows = groups[gi + 1] - b0, top = groups[gi + 1] - 1;  // top: the longest row
+      // a span past the group's longest row (a short group's tail, as fixed spans give a batch of mixed
+      // lengths) holds none of its tokens, and no row merges it (each merges its own spans): skipped
+      const int64_t begin = sp * span, end = std::min(lens_p[top], begin + span);
+      if (begin >= end) continue;
       const int Q = static_cast<int>(rows * G);
       for (int q = 0; q < Q; ++q) limit[q] = lens_p[b0 + q / G];
       for (int64_t h = h0; h < h1; ++h) {
@@ -328,8 +332,6 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
         }
         start_partial<D>(Q, part);
       }
-      // an empty span (a short group's tail) leaves m = -inf, l = 0: weight 0 in the merge
-      const int64_t begin = sp * span, end = std::min(lens_p[top], begin + span);
       for (int64_t t0 = begin; t0 < end; t0 += kBlock) {
         const int n = static_cast<int>(std::min<int64_t>(kBlock, end - t0));
         for (int64_t h = h0; h < h1; ++h)
