@@ -38,7 +38,7 @@ SOURCES = (CSRC / "paged_decode.cpp", CSRC / "paged_prefill.cpp", CSRC / "rms_no
            CSRC / "rope_store.cpp", CSRC / "silu_mul.cpp", CSRC / "int8_head.cpp",
            CSRC / "int_dot_linear.cpp", CSRC / "int_dot_dequant.cpp",
            CSRC / "decode_layers.cpp", CSRC / "gguf_rows.cpp")  # paged_decode.cpp defines the op library
-HEADERS = (CSRC / "exp_approx.h", CSRC / "paged_prefill_portable.h", CSRC / "int_dot_common.h",
+HEADERS = (CSRC / "exp_approx.h", CSRC / "paged_prefill_portable.h", CSRC / "int_dot_common.h", CSRC / "int_dot_amx.h", CSRC / "amx_tiles.h",
            CSRC / "int_dot_avx2.h", CSRC / "int_dot_q8_bytes.h")  # included by the sources: in the build tag too
 CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=fast"]
 MARCH = {"native": ["-march=native"], "avx2": ["-march=x86-64-v3", "-mtune=native"],
@@ -168,7 +168,8 @@ def int_dot_simd() -> bool:
 
 
 def int_dot_isa() -> str:
-    """Which form of int_dot_linear (q4) / int8_head_logits the built library runs: avx512_vnni, avx2 or portable."""
+    """Which form of int_dot_linear (q4) the built library runs: amx_int8 (calls of 4 rows or more; fewer on
+    avx512_vnni), avx512_vnni, avx2 or portable (int8_head_logits: the same but for amx_int8, which it runs on VNNI)."""
     return str(torch.ops.kvstrata.int_dot_isa())
 
 

@@ -32,7 +32,7 @@ torch.save(outputs(), sys.argv[1])
 
 def outputs() -> dict[str, torch.Tensor]:
     """Both ops on seeded inputs: every row count of a pass (1..8, and past it), both tails of the
-    AVX2 four-row passes, float32 and bf16 activations, every packed format, the model's own packers."""
+    AVX2 four-row passes, a whole AMX pass of 16 rows and one past it, float32 and bf16 activations, every packed format, the model's own packers."""
     g = torch.Generator().manual_seed(0)
     out = {}
     for bits, (n, k) in ((4, (48, 96)), (4, (3072, 576)), (4, (576, 1536)), (5, (64, 256)), (6, (64, 256)), (8, (64, 256))):
@@ -43,7 +43,7 @@ def outputs() -> dict[str, torch.Tensor]:
         for name, w in ((f"q{bits}", IntWeight(q, scale, bias, bits, group)),
                         (f"q{bits}s", IntWeight(q, scale, -zero * scale, bits, group, zero))):
             packed = int_dot.pack(w)
-            for rows in (1, 3, 4, 5, 8, 11):
+            for rows in (1, 3, 4, 5, 8, 11, 16, 19):
                 x = torch.randn(rows, k, generator=g) * 3
                 for dtype in (torch.float32, torch.bfloat16):
                     out[f"{name} {n}x{k} rows={rows} {dtype}"] = int_dot.linear(x.to(dtype), [packed])
@@ -54,14 +54,14 @@ def outputs() -> dict[str, torch.Tensor]:
         sc, m = (torch.randint(0, 64, (n, k // 32), generator=g, dtype=torch.uint8) for _ in range(2))
         scale, bias = d.repeat_interleave(8, 1) * sc.float(), -dmin.repeat_interleave(8, 1) * m.float()
         packed = int_dot.pack(IntWeight(q, scale, bias, 4, 32, 0, KScales(d, dmin, sc, m)))
-        for rows in (1, 3, 4, 5, 8, 11):
+        for rows in (1, 3, 4, 5, 8, 11, 16, 19):
             x = torch.randn(rows, k, generator=g) * 3
             out[f"q4k {n}x{k} rows={rows}"] = int_dot.linear(x, [packed])
             out[f"q4k {n}x{k} rows={rows} 8-bit"] = int_dot.linear(x.bfloat16(), [packed], 8)
     for v, k in ((48, 64), (4096, 576)):
         w = torch.randint(-127, 128, (v, k), generator=g, dtype=torch.int8)
         pack = Int8HeadPack.of(w, torch.rand(v, generator=g) * 0.01)
-        for rows in (1, 4, 6, 8, 9):
+        for rows in (1, 4, 6, 8, 9, 16, 19):
             x = torch.randn(rows, k, generator=g)
             out[f"head {v}x{k} rows={rows}"] = torch.ops.kvstrata.int8_head_logits(x, pack.packed, pack.wsum, pack.wscale)
     return out
@@ -73,7 +73,8 @@ def built() -> None:
 
 
 def test_the_build_runs_the_vector_form_the_flags_call_for() -> None:
-    want = ("avx512_vnni" if "avx512_vnni" in REAL_FLAGS
+    want = ("amx_int8" if {"amx_tile", "amx_int8"} <= REAL_FLAGS
+            else "avx512_vnni" if "avx512_vnni" in REAL_FLAGS
             else "avx2" if {"avx2", "fma", "f16c"} <= REAL_FLAGS else "portable")
     assert cpu_kernels.int_dot_isa() == want
     assert cpu_kernels.int_dot_simd() == (want != "portable")
@@ -93,6 +94,6 @@ def test_an_avx2_build_gives_the_same_bits_as_this_one(tmp_path: Path) -> None:
     assert done.stdout.split() == ["avx2"]  # the AVX2 loops, not the portable ones
     capped = torch.load(tmp_path / "avx2.pt")
     native = outputs()
-    assert capped.keys() == native.keys() and len(native) == 322
+    assert capped.keys() == native.keys() and len(native) == 430
     differ = [name for name in native if not torch.equal(native[name], capped[name])]
     assert not differ, differ

@@ -12,7 +12,10 @@
 // (vpsignb; 2 x 127 x 127 fits), then vpmaddwd by ones: the sum without the offset, the same
 // integer once the epilogue skips the correction, so the same logits as on VNNI. Portable loops
 // (same integers, same result) elsewhere, so the op and its tests run on every CPU; the model picks
-// this op only where a vector form is built (cpu_kernels.int_dot_simd). Registered as
+// this op only where a vector form is built (cpu_kernels.int_dot_simd). With AMX (amx_tiles.h), calls of
+// kAmxMinRows rows or more take the dots on tiles: the packed blocks are already B tiles (16 rows of
+// [16 outputs x 4 inputs]), the activations signed bytes (x, not x + 128: tdpbssd), and one int32 tile
+// sums a block's whole K for 16 rows; the same integers, so the same logits. Registered as
 // torch.ops.kvstrata.int8_head_logits.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -23,6 +26,8 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "amx_tiles.h"  // defines KVSTRATA_AMX where it builds
 
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
 #include <immintrin.h>
@@ -115,6 +120,31 @@ void block_pair(const uint32_t* const* xu, const int8_t* wp, int64_t groups, boo
 #endif
 }
 
+#if KVSTRATA_AMX
+constexpr int kAmxRows = 16;  // activation rows a tile pass
+constexpr int64_t kAmxMinRows = 4;
+
+// sums[r][b * 16 + i] = dot(xs[r], block b's output row i) for the rows of xs (signed bytes, row stride
+// K, a multiple of 64) the tiles are shaped for, and 2 blocks (one when `two` is false). Tiles: 0, 1 the
+// blocks' sums [R x 16 int32]; 2 the rows' next 64 inputs; 3, 4 the blocks' next 16 groups of 4 inputs
+void amx_block_pair(const int8_t* xs, int64_t K, const int8_t* wp, int64_t groups, bool two, int32_t* sums) {
+  const int8_t* w1 = wp + groups * 64;
+  _tile_zero(0);
+  _tile_zero(1);
+  for (int64_t k = 0; k < K; k += 64) {
+    _tile_loadd(2, xs + k, K);
+    _tile_loadd(3, wp + k * 16, 64);  // groups k / 4 .. k / 4 + 15, 64 bytes each
+    _tile_dpbssd(0, 2, 3);
+    if (two) {
+      _tile_loadd(4, w1 + k * 16, 64);
+      _tile_dpbssd(1, 2, 4);
+    }
+  }
+  _tile_stored(0, sums, 2 * kLanes * sizeof(int32_t));
+  if (two) _tile_stored(1, sums + kLanes, 2 * kLanes * sizeof(int32_t));
+}
+#endif
+
 using PairFn = void (*)(const uint32_t* const*, const int8_t*, int64_t, bool, int32_t*);
 constexpr PairFn kPair[kMaxRows + 1] = {nullptr, block_pair<1>, block_pair<2>, block_pair<3>, block_pair<4>,
                                         block_pair<5>, block_pair<6>, block_pair<7>, block_pair<8>};
@@ -156,6 +186,34 @@ at::Tensor int8_head_logits(const at::Tensor& x, const at::Tensor& packed, const
   const int32_t* ws = wsum.data_ptr<int32_t>();
   const float* sw = wscale.data_ptr<float>();
   const int64_t pairs = (blocks + 1) / 2;
+#if KVSTRATA_AMX
+  if (rows >= kAmxMinRows && K % 64 == 0 && kvstrata::amx_ready()) {
+    std::vector<int8_t> xs(rows * K);
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<int8_t>(static_cast<int>(xu[i]) - 128);
+    at::parallel_for(0, pairs, 16, [&](int64_t first, int64_t last) {
+      alignas(64) int32_t sums[kAmxRows * 2 * kLanes];
+      kvstrata::TileShapes tiles;
+      for (int64_t r0 = 0; r0 < rows; r0 += kAmxRows) {
+        const int R = static_cast<int>(std::min<int64_t>(kAmxRows, rows - r0));
+        for (int t : {0, 1, 2}) tiles.set(t, R, 64);
+        for (int t : {3, 4}) tiles.set(t, 16, 64);
+        tiles.load();
+        for (int64_t p = first; p < last; ++p) {
+          const int64_t nb = 2 * p;
+          const bool two = nb + 1 < blocks;
+          amx_block_pair(xs.data() + r0 * K, K, w + nb * groups * 64, groups, two, sums);
+          const int64_t n0 = nb * kLanes, width = (two ? 2 : 1) * kLanes;
+          for (int r = 0; r < R; ++r) {  // the sums over x, which over x + 128 less 128 * wsum are
+            float* dst = o + (r0 + r) * N + n0;
+            for (int64_t i = 0; i < width; ++i)
+              dst[i] = static_cast<float>(sums[r * 2 * kLanes + i]) * sx[r0 + r] * sw[n0 + i];
+          }
+        }
+      }
+    });
+    return out;
+  }
+#endif
   at::parallel_for(0, pairs, 16, [&](int64_t first, int64_t last) {
     int32_t sums[kMaxRows * 2 * kLanes];
     const uint32_t* xr[kMaxRows];

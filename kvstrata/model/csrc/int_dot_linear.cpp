@@ -26,6 +26,7 @@
 
 #include <string>
 
+#include "int_dot_amx.h"  // defines KVSTRATA_AMX where it builds its form
 #include "int_dot_avx2.h"  // defines KVSTRATA_AVX2 where it builds its forms
 #include "int_dot_common.h"
 #include "int_dot_q8_bytes.h"  // q8 batches on signed bytes (AVX2)
@@ -42,6 +43,9 @@ namespace {
 using namespace kvstrata_int_dot;
 
 constexpr int kMaxRows = 8;  // activation rows per q4 pass
+// q4 calls of this many rows or more run on AMX tiles where built and granted (int_dot_amx.h), 16 rows a
+// pass. Each row's bits are the same either way.
+constexpr int64_t kAmxMinRows = 4;
 // q8 at 8-bit activations on signed bytes (int_dot_q8_bytes.h): tiles() given kQ8SignedRows rows or more
 // (of a call's runs of kMaxRows) rebuilds them in registers a pass; a call of kQ8BuiltRows rows or more
 // rebuilds each tile column once for all of them (run()). Against the
@@ -95,19 +99,7 @@ void tiles(const Activations& a, int64_t r0, int R, int64_t K, const uint8_t* w,
         hi[v] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
       }
       __m512 sc, bi;
-      if (f.kblocks) {  // d * sc, -dmin * m (int_dot_common.h)
-        const uint8_t* dm = k_super_scales(w, j);
-        auto bytes16 = [](const uint8_t* p) {
-          return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-        };
-        sc = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm))), bytes16(wb + kLowBytes));
-        bi = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm + 32))),
-                           bytes16(wb + kLowBytes + kLanes));
-      } else {
-        sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kLowBytes)));
-        bi = f.symmetric ? _mm512_mul_ps(sc, _mm512_set1_ps(-f.zero()))
-                         : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kLowBytes + 32)));
-      }
+      q4_scales_512(w, wb, j, f, sc, bi);
       for (int r = 0; r < R; ++r) {
         const int8_t* xh = a.hi.data() + (r0 + r) * K + j * kGroup;
         const int8_t* xl = a.lo.data() + (r0 + r) * K + j * kGroup;
@@ -153,8 +145,14 @@ void run(const at::Tensor& x, const std::vector<at::Tensor>& parts, at::Tensor& 
     formats.push_back(format_of(p));
   }
   scalar_t* o = out.data_ptr<scalar_t>();
+#if KVSTRATA_AMX
+  const bool amx = rows >= kAmxMinRows && kvstrata::amx_ready();
+#endif
   at::parallel_for(0, first_tile.back(), 8, [&](int64_t first, int64_t last) {
-    float tile[kMaxRows * kLanes];
+    float tile[16 * kLanes];  // a pass's rows of one tile column (AMX: 16, else kMaxRows)
+#if KVSTRATA_AMX
+    kvstrata::TileShapes tiles_amx;
+#endif
 #if KVSTRATA_AVX2
     std::vector<int8_t> q8_bytes;  // a q8 column rebuilt as signed bytes, for a batch of 8-bit rows
 #endif
@@ -167,6 +165,18 @@ void run(const at::Tensor& x, const std::vector<at::Tensor>& parts, at::Tensor& 
       if (q8_built) {
         q8_bytes.resize((K / kGroup) * kQ8Bytes);
         q8_column_bytes(w, K / kGroup, f, q8_bytes.data());
+      }
+#endif
+#if KVSTRATA_AMX
+      if (amx && f.high_bits == 0) {
+        for (int64_t r0 = 0; r0 < rows; r0 += kAmxRows) {
+          const int R = static_cast<int>(std::min<int64_t>(kAmxRows, rows - r0));
+          amx_q4_shapes(tiles_amx, R);
+          amx_q4_tiles(a, r0, R, K, w, f, tile);
+          for (int r = 0; r < R; ++r)
+            for (int i = 0; i < kLanes; ++i) o[(r0 + r) * N + c * kLanes + i] = static_cast<scalar_t>(tile[r * kLanes + i]);
+        }
+        continue;
       }
 #endif
       for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
@@ -209,6 +219,9 @@ at::Tensor int_dot_linear(const at::Tensor& x, at::TensorList parts, int64_t act
 
 // which form this build runs for q4 (int8_head.cpp is built with the same flags): for logs and tests
 std::string int_dot_isa() {
+#if KVSTRATA_AMX
+  if (kvstrata::amx_ready()) return "amx_int8";
+#endif
 #if KVSTRATA_VNNI
   return "avx512_vnni";
 #elif KVSTRATA_AVX2

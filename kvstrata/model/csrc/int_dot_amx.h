@@ -1,0 +1,101 @@
+// The q4 formats of csrc/int_dot_linear.cpp on AMX tiles (Sapphire Rapids and later, built where the
+// compiler targets AMX-INT8): a tile column's 16 output rows for up to 16 activation rows a pass.
+//
+// Why: a verify step (engine/spec/) or a wide decode batch gives each linear 8-32 rows. On AVX512-VNNI a
+// row costs 16 vpdpbusd a tile (hi and lo activation bytes), so at 16 rows the kernel computes, it does
+// not wait on memory. AMX's tdpbsud takes a whole tile column's group at once: s8 activations (A: rows x
+// 32 inputs, loaded straight from the quantized rows with their stride) times u8 weights (B: 8 rows of
+// 64 bytes, "four inputs of 16 output rows a row", which is exactly the low plane's layout once each
+// vector's nibbles are split: lo[v] is B's row v, hi[v] its row 4 + v) into 16 int32 dots a row.
+// Integer dots are exact, so each (row, group) dot equals the VNNI path's, and the float epilogue is the
+// VNNI path's operations in its order: the same bits for any row count (tests/model/test_int_dot_amx.py).
+// Tiles are configured per thread for the pass's row count (amx_tiles.h).
+#pragma once
+
+#include "int_dot_common.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+namespace kvstrata_int_dot {
+
+// tile j's 16 scales and biases (q4, q4s, q4k) in float32 (the VNNI and AMX forms)
+inline void q4_scales_512(const uint8_t* w, const uint8_t* wb, int64_t j, Format f, __m512& sc, __m512& bi) {
+  auto halves = [](const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); };
+  if (f.kblocks) {  // d * sc, -dmin * m (int_dot_common.h)
+    const uint8_t* dm = k_super_scales(w, j);
+    auto bytes16 = [](const uint8_t* p) {
+      return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    };
+    sc = _mm512_mul_ps(halves(dm), bytes16(wb + kLowBytes));
+    bi = _mm512_mul_ps(halves(dm + 32), bytes16(wb + kLowBytes + kLanes));
+  } else {
+    sc = halves(wb + kLowBytes);
+    bi = f.symmetric ? _mm512_mul_ps(sc, _mm512_set1_ps(-f.zero())) : halves(wb + kLowBytes + 32);
+  }
+}
+
+}  // namespace kvstrata_int_dot
+#endif
+
+#include "amx_tiles.h"  // defines KVSTRATA_AMX where it builds
+
+#if KVSTRATA_AMX
+namespace kvstrata_int_dot {
+
+constexpr int kAmxRows = 16;  // activation rows a pass (a tile's rows)
+
+// tiles: 0, 1 the int32 dots of the hi and lo activation bytes [R x 16]; 2, 3 those bytes [R x 32];
+// 4 one group of the weights' q as u8 [8 x 64]
+inline void amx_q4_shapes(kvstrata::TileShapes& t, int R) {
+  for (int i : {0, 1}) t.set(i, R, 64);
+  for (int i : {2, 3}) t.set(i, R, kGroup);
+  t.set(4, 8, 64);
+  t.load();
+}
+
+// out[r][i] for rows r0..r0+R-1 (R <= 16) of one q4 tile column (this thread's tiles shaped for R: amx_q4_shapes)
+inline void amx_q4_tiles(const Activations& a, int64_t r0, int R, int64_t K, const uint8_t* w, Format f, float* out) {
+  const int64_t nb = K / kGroup;
+  alignas(64) uint8_t q[8 * 64];
+  alignas(64) int32_t dh[kAmxRows * kLanes], dl[kAmxRows * kLanes];
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * kLanes, _mm512_setzero_ps());
+  const int8_t* xh = a.hi.data() + r0 * K;
+  const int8_t* xl = a.lo.data() + r0 * K;
+  for (int64_t j = 0; j < nb; ++j) {
+    const uint8_t* wb = tile_at(w, j, f);
+    for (int v = 0; v < 4; ++v) {
+      const __m512i raw = _mm512_loadu_si512(wb + 64 * v);
+      _mm512_store_si512(q + 64 * v, _mm512_and_si512(raw, mask));
+      _mm512_store_si512(q + 64 * (4 + v), _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask));
+    }
+    _tile_loadd(4, q, 64);
+    _tile_zero(1);
+    _tile_loadd(3, xl + j * kGroup, K);
+    _tile_dpbsud(1, 3, 4);
+    _tile_stored(1, dl, 64);
+    if (a.wide) {
+      _tile_zero(0);
+      _tile_loadd(2, xh + j * kGroup, K);
+      _tile_dpbsud(0, 2, 4);
+      _tile_stored(0, dh, 64);
+    }
+    __m512 sc, bi;
+    q4_scales_512(w, wb, j, f, sc, bi);
+    for (int r = 0; r < R; ++r) {
+      const __m512i lo = _mm512_load_si512(dl + r * kLanes);
+      const __m512i dot = a.wide ? _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(dh + r * kLanes), 8), lo) : lo;
+      const int64_t at = (r0 + r) * nb + j;
+      float* o = out + r * kLanes;
+      __m512 acc = _mm512_loadu_ps(o);
+      acc = _mm512_fmadd_ps(_mm512_mul_ps(sc, _mm512_set1_ps(a.scale[at])), _mm512_cvtepi32_ps(dot), acc);
+      acc = _mm512_fmadd_ps(bi, _mm512_set1_ps(a.sum[at]), acc);
+      _mm512_storeu_ps(o, acc);
+    }
+  }
+}
+
+}  // namespace kvstrata_int_dot
+
+#endif
