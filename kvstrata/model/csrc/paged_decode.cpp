@@ -135,6 +135,28 @@ inline void block_accumulate(const float* p, const float* const* rows, int n, fl
 #endif
 }
 
+#if KVSTRATA_AVX512
+// block_accumulate for NQ queries at once over the same n rows (a verify group's queries): each row
+// loaded once for all of them, and NQ x D / 16 independent sums where one query's D / 16 waited on the
+// FMA latency token after token. Each query's sums take the same FMAs in the same order: the same bits.
+template <int D, int NQ>
+inline void block_accumulate_n(const float* const* p, const float* const* rows, int n, float* const* acc) {
+  __m512 a[NQ][D / 16];
+  for (int i = 0; i < NQ; ++i)
+    for (int c = 0; c < D / 16; ++c) a[i][c] = _mm512_loadu_ps(acc[i] + 16 * c);
+  for (int j = 0; j < n; ++j) {
+    __m512 r[D / 16];
+    for (int c = 0; c < D / 16; ++c) r[c] = _mm512_loadu_ps(rows[j] + 16 * c);
+    for (int i = 0; i < NQ; ++i) {
+      const __m512 w = _mm512_set1_ps(p[i][j]);
+      for (int c = 0; c < D / 16; ++c) a[i][c] = _mm512_fmadd_ps(w, r[c], a[i][c]);
+    }
+  }
+  for (int i = 0; i < NQ; ++i)
+    for (int c = 0; c < D / 16; ++c) _mm512_storeu_ps(acc[i] + 16 * c, a[i][c]);
+}
+#endif
+
 // the largest of s[0..n) and m
 inline float block_max(const float* s, int n, float m) {
   int j = 0;
@@ -252,7 +274,20 @@ void attend_block(const float* qf, int Q, const int64_t* limit, const scalar_t* 
     for (int d = 0; d < D; ++d) acc[d] *= scale;
   }
   for (int j = 0; j < n; ++j) rows[j] = load_row<scalar_t, D>(v, pages, page_size, hkv_stride, t0 + j, buf[j]);
-  for (int q = 0; q < Q; ++q) {
+  int q = 0;
+#if KVSTRATA_AVX512
+  constexpr int NQ = D <= 64 ? 4 : D == 128 ? 2 : 1;  // queries a pass: NQ x D / 16 <= 16 accumulators
+  if constexpr (NQ > 1) {
+    for (; q + NQ <= Q; q += NQ) {  // runs of NQ queries that see the same tokens (all but a group's tail)
+      if (!std::all_of(live + q, live + q + NQ, [&](int l) { return l == n; })) break;
+      const float* p[NQ];
+      float* acc[NQ];
+      for (int i = 0; i < NQ; ++i) p[i] = s[q + i], acc[i] = out.acc[q + i];
+      block_accumulate_n<D, NQ>(p, rows, n, acc);
+    }
+  }
+#endif
+  for (; q < Q; ++q) {
     if (live[q]) block_accumulate<D>(s[q], rows, live[q], out.acc[q]);
   }
 }
