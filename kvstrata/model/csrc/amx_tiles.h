@@ -1,5 +1,6 @@
-// AMX tiles for the integer kernels (int_dot_amx.h's linears, int8_head.cpp's LM head), where the compiler
-// targets AMX-INT8 (-march=native on Sapphire Rapids and later) on Linux.
+// AMX tiles for the integer kernels (int_dot_amx.h's linears, int8_head.cpp's LM head; KVSTRATA_AMX where
+// the compiler targets AMX-INT8, -march=native on Sapphire Rapids and later, on Linux) and for the bf16
+// scores of paged decode attention (paged_decode_amx.h; KVSTRATA_AMX_BF16 where it also targets AMX-BF16).
 //
 // Linux hands a process the tiles' state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA);
 // amx_ready() asks once, and a kernel falls back to its VNNI form where that is refused. Tile shapes are
@@ -14,6 +15,10 @@
 #include <unistd.h>
 
 #include <cstdint>
+
+#if defined(__AMX_BF16__)
+#define KVSTRATA_AMX_BF16 1
+#endif
 
 namespace kvstrata {
 

@@ -29,6 +29,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "amx_tiles.h"  // KVSTRATA_AMX_BF16: a bf16 cache's scores on tiles (paged_decode_amx.h)
 #include "exp_approx.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -292,6 +293,8 @@ void attend_block(const float* qf, int Q, const int64_t* limit, const scalar_t* 
   }
 }
 
+#include "paged_decode_amx.h"  // attend_block_amx: the same step for a bf16 cache on AMX-BF16
+
 // Consecutive rows that one item can serve together: each longer than the one before and on the same
 // pages over that one's length (a request's verify rows), at most max_rows of them. Returns the first
 // row of each group, then B. Pages equal over a row's length are the same tokens, so any rows that pass
@@ -340,10 +343,18 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
   int64_t max_q = 0;  // query rows of the largest group
   for (int64_t gi = 0; gi < num_groups; ++gi) max_q = std::max(max_q, (groups[gi + 1] - groups[gi]) * G);
   const int64_t max_heads = (Hkv + head_sets - 1) / head_sets;
+#if KVSTRATA_AMX_BF16
+  const bool amx = std::is_same_v<scalar_t, c10::BFloat16> && kvstrata::amx_ready();
+#endif
   at::parallel_for(0, num_groups * splits * head_sets, 1, [&](int64_t first, int64_t last) {
     std::unique_ptr<float[]> qf(new float[max_heads * max_q * D]);  // per head of the item: its Q query rows
     std::vector<Partial> parts(max_heads);
     int64_t limit[kMaxQueries];
+#if KVSTRATA_AMX_BF16
+    constexpr int64_t kPairs = D / 2 * kMaxQueries;  // a head's queries as B tiles (queries_as_pairs)
+    std::unique_ptr<uint32_t[]> qt(amx ? new uint32_t[max_heads * kPairs] : nullptr);
+    kvstrata::TileShapes tiles;
+#endif
     for (int64_t item = first; item < last; ++item) {
       const int64_t gi = item / (splits * head_sets), sp = (item / head_sets) % splits, hs = item % head_sets;
       const int64_t h0 = hs * Hkv / head_sets, h1 = (hs + 1) * Hkv / head_sets;
@@ -365,13 +376,32 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
           const scalar_t* qh = q_p + (b * H + h * G + q % G) * D;
           for (int d = 0; d < D; ++d) qh_f[q * D + d] = to_float(qh[d]) * scale;
         }
+#if KVSTRATA_AMX_BF16
+        if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+          if (amx) {
+            const scalar_t* rows[kMaxQueries];
+            for (int q = 0; q < Q; ++q) rows[q] = q_p + ((b0 + q / G) * H + h * G + q % G) * D;
+            queries_as_pairs<D>(rows, Q, qt.get() + (h - h0) * kPairs);
+          }
+        }
+#endif
         start_partial<D>(Q, part);
       }
       for (int64_t t0 = begin; t0 < end; t0 += kBlock) {
         const int n = static_cast<int>(std::min<int64_t>(kBlock, end - t0));
-        for (int64_t h = h0; h < h1; ++h)
+        for (int64_t h = h0; h < h1; ++h) {
+#if KVSTRATA_AMX_BF16
+          if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+            if (amx) {
+              attend_block_amx<D>(qt.get() + (h - h0) * kPairs, Q, limit, k_p + h * D, v_p + h * D, Hkv * D,
+                                  pages_p + top * P, page_size, t0, n, scale, parts[h - h0], tiles);
+              continue;
+            }
+          }
+#endif
           attend_block<scalar_t, D>(qf.get() + (h - h0) * max_q * D, Q, limit, k_p + h * D, v_p + h * D,
                                     Hkv * D, pages_p + top * P, page_size, t0, n, parts[h - h0]);
+        }
       }
     }
   });
