@@ -14,8 +14,12 @@ this reply. What each step emitted, against what was proposed, teaches the reque
 drafts break: the chances the cost model weighs drafted tokens by.
 
 Draft length adapts as in SuffixDecoding: at most `spec_factor` x the matched length (a long match is
-a confident one), never over `max_tokens`. A request whose acceptance stays under `disable_below` after
-`probation` drafted tokens stops drafting (`auto` mode): verifying drafts that fail costs a wider step.
+a confident one), never over `max_tokens`. A request whose drafts keep failing pauses (`auto` mode):
+verifying drafts that fail costs a wider step. Each run of `probation` drafted tokens is a window; one
+with under `disable_below` of them accepted pauses drafting for `pause_tokens` tokens of output, twice as
+long after each such window in a row (up to `max_pause`), and a window that passes resets the pause. A
+pause, not an end: a reply's opening (a code block's fence and first lines, the agent's own words) may
+defeat drafts that its body, a copy of the file sent, then accepts (docs/speculative.md).
 """
 from __future__ import annotations
 
@@ -38,7 +42,9 @@ class SpecConfig:
     min_match: int = 2
     max_match: int = 16
     disable_below: float = 0.2
-    probation: int = 32
+    probation: int = 32  # drafted tokens a window
+    pause_tokens: int = 64  # output tokens a failing window pauses drafting for (doubled while they keep failing)
+    max_pause: int = 1024
     tenant_tokens: int = 1 << 16  # each tenant's recent outputs, in tokens
     max_tenants: int = 256
     end_ids: frozenset[int] = frozenset()  # tokens that end a reply: a draft stops after one
@@ -50,6 +56,8 @@ class SpecConfig:
             raise ValueError(f"need 1 <= min_match <= max_match, got {self.min_match}, {self.max_match}")
         if self.spec_factor <= 0 or not 0 < self.min_prob <= 1 or not 0 <= self.disable_below <= 1:
             raise ValueError("spec_factor > 0, 0 < min_prob <= 1 and 0 <= disable_below <= 1 are required")
+        if not 1 <= self.pause_tokens <= self.max_pause or self.probation < 1:
+            raise ValueError("need 1 <= pause_tokens <= max_pause and probation >= 1")
 
 
 class TenantOutputs:
@@ -117,7 +125,13 @@ class RequestDrafter:
         self.sites = SiteStats()
         self.pointer: CopyPointer | None = None
         self._proposal: tuple[int, Draft] | None = None  # (context length, draft) of the last propose
-        self.disabled = False
+        self.paused_until = 0  # no drafts while the context is shorter (a failing window's pause)
+        self._pause = config.pause_tokens  # the next failing window's pause
+        self._window = (0, 0)  # (drafted, accepted) since the last window closed
+
+    @property
+    def paused(self) -> bool:
+        return len(self.context) < self.paused_until
 
     @property
     def context(self) -> list[int]:
@@ -150,7 +164,7 @@ class RequestDrafter:
         """Up to `max_tokens` (the config's cap by default) tokens to verify after the context."""
         c = self.config
         cap = min(c.max_tokens, c.max_tokens if max_tokens is None else max_tokens)
-        if self.disabled or cap < 1:
+        if self.paused or cap < 1:
             return EMPTY
         best = self.own.propose(cap, c.min_prob, c.min_match)
         # the reply repeating itself: its own tokens know the values better than other replies of the shape
@@ -187,10 +201,18 @@ class RequestDrafter:
         """One verify step: `accepted` of its `drafted` tokens matched what the model chose."""
         if not 0 <= accepted <= drafted:
             raise ValueError(f"accepted ({accepted}) must be within 0..drafted ({drafted})")
-        s = self.stats
-        s.add_step(drafted, accepted)
-        if s.drafted >= self.config.probation and s.acceptance < self.config.disable_below:
-            self.disabled = True
+        c = self.config
+        self.stats.add_step(drafted, accepted)
+        d, a = self._window[0] + drafted, self._window[1] + accepted
+        self._window = (d, a)
+        if d < c.probation:
+            return
+        self._window = (0, 0)
+        if a < c.disable_below * d:
+            self.paused_until = len(self.context) + self._pause
+            self._pause = min(2 * self._pause, c.max_pause)
+        else:
+            self._pause = c.pause_tokens
 
     def finish(self) -> None:
         """The request ended: its output joins its tenant's recent outputs."""

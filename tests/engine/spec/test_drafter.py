@@ -54,19 +54,37 @@ def test_a_tenants_outputs_are_bounded_oldest_first() -> None:
     assert outputs.index("t") is None  # least recently used tenant gone
 
 
-def test_low_acceptance_turns_a_request_off() -> None:
-    cfg = SpecConfig(max_tokens=4, probation=8, disable_below=0.25)
+def test_low_acceptance_pauses_a_request_and_longer_while_it_stays_low() -> None:
+    cfg = SpecConfig(max_tokens=4, probation=8, disable_below=0.25, pause_tokens=5, max_pause=16)
     d = RequestDrafter(DOC + DOC[:3], "t", TenantOutputs(cfg), cfg)
     assert d.propose().tokens
     d.record(4, 1)
+    assert not d.paused  # a window is 8 drafted tokens
     d.record(4, 0)  # 1 of 8 accepted
-    assert d.disabled and d.propose().tokens == []
+    assert d.paused and d.propose().tokens == []
+    d.append(DOC[3:7])
+    assert d.paused  # 4 of the 5 tokens' pause
+    d.append(DOC[7:8])
+    assert not d.paused and d.propose().tokens
+    d.record(8, 1)  # failing again: twice the pause
+    d.append(DOC[8:17])
+    assert d.paused
+    d.append(DOC[17:18])
+    assert not d.paused
+    d.record(8, 1)  # 20, capped at max_pause
+    assert d.paused_until == len(d.context) + 16
+    d.append(DOC[18:34])
+    d.record(8, 4)  # a window that passes: no pause, and the next failing one pauses 5 again
+    assert not d.paused
+    d.record(8, 0)
+    assert d.paused_until == len(d.context) + 5
     with pytest.raises(ValueError):
         d.record(2, 3)
 
 
 @pytest.mark.parametrize("kwargs", [{"max_tokens": 0}, {"min_match": 0}, {"min_match": 9, "max_match": 8},
-                                    {"min_prob": 0.0}, {"spec_factor": 0.0}])
+                                    {"min_prob": 0.0}, {"spec_factor": 0.0}, {"pause_tokens": 0},
+                                    {"pause_tokens": 9, "max_pause": 8}, {"probation": 0}])
 def test_bad_config_is_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         SpecConfig(**kwargs)  # type: ignore[arg-type]
