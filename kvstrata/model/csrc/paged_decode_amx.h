@@ -140,6 +140,12 @@ void attend_block_amx(const uint32_t* qt, int Q, const int64_t* limit, const c10
     for (int i = 0; i < NQ; ++i) acc[i] = out.acc[q + i];
     weighted_rows<D, NQ>(&st[0][q], kMaxQueries, rows, n, acc);
   }
+  if constexpr (NQ == 4) {  // three left (a 1-row step of 3 query heads a KV head): one pass for them
+    if (Q - q == 3) {
+      weighted_rows<D, 3>(&st[0][q], kMaxQueries, rows, n, &out.acc[q]);
+      return;
+    }
+  }
   for (; q < Q; ++q) weighted_rows<D, 1>(&st[0][q], kMaxQueries, rows, n, &out.acc[q]);
 }
 
