@@ -1,6 +1,7 @@
 // paged_decode.cpp's block step for a bf16 cache on AMX-BF16 tiles (Sapphire Rapids and later): the
 // block's scores for all of an item's queries in a few tdpbf16ps, then the online softmax with a lane a
-// query. Included by paged_decode.cpp after its helpers (kBlock, kMaxQueries, Partial, load_row).
+// query. Included by paged_decode.cpp after its helpers (kBlock, kMaxQueries, Partial, load_row,
+// weighted_rows).
 //
 // Why: a verify step gives one request 16 rows, so an item scores 48 queries (SmolLM2: 16 rows x 3 query
 // heads a KV head) against each K row. In float32 FMAs a (query, token) score is 4 FMAs and a horizontal
@@ -30,25 +31,6 @@ template <int D>
 inline void scale_row(float* out, float f) {
   const __m512 v = _mm512_set1_ps(f);
   for (int c = 0; c < D; c += 16) _mm512_storeu_ps(out + c, _mm512_mul_ps(_mm512_loadu_ps(out + c), v));
-}
-
-// acc[i] += sum_j p[j * ld + i] * rows[j] for NQ queries (i < NQ), each row loaded once for them; a
-// query's sums take the same FMAs in the same order whatever NQ
-template <int D, int NQ>
-inline void weighted_rows(const float* p, int ld, const float* const* rows, int n, float* const* acc) {
-  __m512 a[NQ][D / 16];
-  for (int i = 0; i < NQ; ++i)
-    for (int c = 0; c < D / 16; ++c) a[i][c] = _mm512_loadu_ps(acc[i] + 16 * c);
-  for (int j = 0; j < n; ++j) {
-    __m512 r[D / 16];
-    for (int c = 0; c < D / 16; ++c) r[c] = _mm512_loadu_ps(rows[j] + 16 * c);
-    for (int i = 0; i < NQ; ++i) {
-      const __m512 w = _mm512_set1_ps(p[j * ld + i]);
-      for (int c = 0; c < D / 16; ++c) a[i][c] = _mm512_fmadd_ps(w, r[c], a[i][c]);
-    }
-  }
-  for (int i = 0; i < NQ; ++i)
-    for (int c = 0; c < D / 16; ++c) _mm512_storeu_ps(acc[i] + 16 * c, a[i][c]);
 }
 
 // Q queries (qt: queries_as_pairs) over the n tokens from t0 of one KV head, on top of out; query q sees
@@ -135,18 +117,14 @@ void attend_block_amx(const uint32_t* qt, int Q, const int64_t* limit, const c10
   for (int j = 0; j < n; ++j) rows[j] = load_row<c10::BFloat16, D>(v, pages, page_size, hkv_stride, t0 + j, buf[j]);
   constexpr int NQ = D <= 64 ? 4 : D == 128 ? 2 : 1;  // NQ x D / 16 <= 16 accumulators
   int q = 0;
-  for (; q + NQ <= Q; q += NQ) {
-    float* acc[NQ];
-    for (int i = 0; i < NQ; ++i) acc[i] = out.acc[q + i];
-    weighted_rows<D, NQ>(&st[0][q], kMaxQueries, rows, n, acc);
-  }
+  for (; q + NQ <= Q; q += NQ) weighted_rows<D, NQ>(&st[0][q], kMaxQueries, 1, rows, n, &out.acc[q]);
   if constexpr (NQ == 4) {  // three left (a 1-row step of 3 query heads a KV head): one pass for them
     if (Q - q == 3) {
-      weighted_rows<D, 3>(&st[0][q], kMaxQueries, rows, n, &out.acc[q]);
+      weighted_rows<D, 3>(&st[0][q], kMaxQueries, 1, rows, n, &out.acc[q]);
       return;
     }
   }
-  for (; q < Q; ++q) weighted_rows<D, 1>(&st[0][q], kMaxQueries, rows, n, &out.acc[q]);
+  for (; q < Q; ++q) weighted_rows<D, 1>(&st[0][q], kMaxQueries, 1, rows, n, &out.acc[q]);
 }
 
 #endif
