@@ -121,8 +121,7 @@ void block_pair(const uint32_t* const* xu, const int8_t* wp, int64_t groups, boo
 }
 
 #if KVSTRATA_AMX
-constexpr int kAmxRows = 16;  // activation rows a tile pass
-constexpr int64_t kAmxMinRows = 4;
+constexpr int64_t kAmxMinRows = 4;  // calls of this many rows take the tiles, 16 rows a pass
 
 // sums[r][b * 16 + i] = dot(xs[r], block b's output row i) for the rows of xs (signed bytes, row stride
 // K, a multiple of 64) the tiles are shaped for, and 2 blocks (one when `two` is false). Tiles: 0, 1 the
@@ -178,57 +177,56 @@ at::Tensor int8_head_logits(const at::Tensor& x, const at::Tensor& packed, const
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "int8_head_logits", [&] {
     quantize_rows<scalar_t>(x.data_ptr<scalar_t>(), rows, K, xu, sx);
   });
-  std::vector<uint32_t> xw(rows * K / 4);  // the kernels read four bytes at a time: copied, not read through a cast
-  std::memcpy(xw.data(), xu.data(), xu.size());
   auto out = at::empty({rows, N}, x.options().dtype(at::kFloat));
   float* o = out.data_ptr<float>();
   const int8_t* w = packed.data_ptr<int8_t>();
   const int32_t* ws = wsum.data_ptr<int32_t>();
   const float* sw = wscale.data_ptr<float>();
   const int64_t pairs = (blocks + 1) / 2;
+  bool amx = false;  // the dots on tiles, over signed bytes x: sums over x + 128 less 128 * wsum, so no offset
 #if KVSTRATA_AMX
-  if (rows >= kAmxMinRows && K % 64 == 0 && kvstrata::amx_ready()) {
-    std::vector<int8_t> xs(rows * K);
-    for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<int8_t>(static_cast<int>(xu[i]) - 128);
-    at::parallel_for(0, pairs, 16, [&](int64_t first, int64_t last) {
-      alignas(64) int32_t sums[kAmxRows * 2 * kLanes];
-      kvstrata::TileShapes tiles;
-      for (int64_t r0 = 0; r0 < rows; r0 += kAmxRows) {
-        const int R = static_cast<int>(std::min<int64_t>(kAmxRows, rows - r0));
+  amx = rows >= kAmxMinRows && K % 64 == 0 && kvstrata::amx_ready();
+  std::vector<int8_t> xs(amx ? rows * K : 0);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<int8_t>(static_cast<int>(xu[i]) - 128);
+#endif
+  std::vector<uint32_t> xw(amx ? 0 : rows * K / 4);  // the kernels read four bytes at a time: copied, not read through a cast
+  std::memcpy(xw.data(), xu.data(), xw.size() * sizeof(uint32_t));
+  const int64_t pass = amx ? 16 : kMaxRows;  // rows a pass
+  const int32_t offset = amx ? 0 : kOffset;
+  at::parallel_for(0, pairs, 16, [&](int64_t first, int64_t last) {
+    alignas(64) int32_t sums[16 * 2 * kLanes];
+    const uint32_t* xr[kMaxRows];
+#if KVSTRATA_AMX
+    kvstrata::TileShapes tiles;
+#endif
+    for (int64_t r0 = 0; r0 < rows; r0 += pass) {
+      const int R = static_cast<int>(std::min<int64_t>(pass, rows - r0));
+#if KVSTRATA_AMX
+      if (amx) {
         for (int t : {0, 1, 2}) tiles.set(t, R, 64);
         for (int t : {3, 4}) tiles.set(t, 16, 64);
         tiles.load();
-        for (int64_t p = first; p < last; ++p) {
-          const int64_t nb = 2 * p;
-          const bool two = nb + 1 < blocks;
-          amx_block_pair(xs.data() + r0 * K, K, w + nb * groups * 64, groups, two, sums);
-          const int64_t n0 = nb * kLanes, width = (two ? 2 : 1) * kLanes;
-          for (int r = 0; r < R; ++r) {  // the sums over x, which over x + 128 less 128 * wsum are
-            float* dst = o + (r0 + r) * N + n0;
-            for (int64_t i = 0; i < width; ++i)
-              dst[i] = static_cast<float>(sums[r * 2 * kLanes + i]) * sx[r0 + r] * sw[n0 + i];
-          }
-        }
       }
-    });
-    return out;
-  }
 #endif
-  at::parallel_for(0, pairs, 16, [&](int64_t first, int64_t last) {
-    int32_t sums[kMaxRows * 2 * kLanes];
-    const uint32_t* xr[kMaxRows];
-    for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
-      const int R = static_cast<int>(std::min<int64_t>(kMaxRows, rows - r0));
-      for (int r = 0; r < R; ++r) xr[r] = xw.data() + (r0 + r) * K / 4;
+      if (!amx)
+        for (int r = 0; r < R; ++r) xr[r] = xw.data() + (r0 + r) * K / 4;
       for (int64_t p = first; p < last; ++p) {
         const int64_t nb = 2 * p;
         const bool two = nb + 1 < blocks;
+#if KVSTRATA_AMX
+        if (amx) {
+          amx_block_pair(xs.data() + r0 * K, K, w + nb * groups * 64, groups, two, sums);
+        } else {
+          kPair[R](xr, w + nb * groups * 64, groups, two, sums);
+        }
+#else
         kPair[R](xr, w + nb * groups * 64, groups, two, sums);
+#endif
         const int64_t n0 = nb * kLanes, width = (two ? 2 : 1) * kLanes;
         for (int r = 0; r < R; ++r) {
           float* dst = o + (r0 + r) * N + n0;
           for (int64_t i = 0; i < width; ++i)
-            dst[i] = static_cast<float>(sums[r * 2 * kLanes + i] - kOffset * ws[n0 + i]) * sx[r0 + r] * sw[n0 + i];
+            dst[i] = static_cast<float>(sums[r * 2 * kLanes + i] - offset * ws[n0 + i]) * sx[r0 + r] * sw[n0 + i];
         }
       }
     }

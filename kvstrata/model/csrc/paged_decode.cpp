@@ -344,6 +344,8 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
   const int64_t max_heads = (Hkv + head_sets - 1) / head_sets;
 #if KVSTRATA_AMX_BF16
   const bool amx = std::is_same_v<scalar_t, c10::BFloat16> && kvstrata::amx_ready();
+#else
+  constexpr bool amx = false;
 #endif
   at::parallel_for(0, num_groups * splits * head_sets, 1, [&](int64_t first, int64_t last) {
     std::unique_ptr<float[]> qf(new float[max_heads * max_q * D]);  // per head of the item: its Q query rows
@@ -373,7 +375,8 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
           part.m[q] = ms.get() + base;
           part.l[q] = ls.get() + base;
           const scalar_t* qh = q_p + (b * H + h * G + q % G) * D;
-          for (int d = 0; d < D; ++d) qh_f[q * D + d] = to_float(qh[d]) * scale;
+          if (!amx)  // the tiles' queries are the bf16 rows themselves (queries_as_pairs below)
+            for (int d = 0; d < D; ++d) qh_f[q * D + d] = to_float(qh[d]) * scale;
         }
 #if KVSTRATA_AMX_BF16
         if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
