@@ -24,13 +24,13 @@ PS = 16
 
 
 def step_ms(ctx: int, rows: int, grouped: bool, heads: int = 9, kv_heads: int = 3, dim: int = 64,
-            layers: int = 30) -> float:
+            layers: int = 30, dtype: torch.dtype = torch.float32) -> float:
     npg = -(-(ctx + rows) // PS)
-    k = torch.randn(npg * (rows + 1) * PS, kv_heads, dim)
+    k = torch.randn(npg * (rows + 1) * PS, kv_heads, dim).to(dtype)
     v = torch.randn_like(k)
     pages = torch.stack([torch.arange(npg) + (0 if grouped else r * npg) for r in range(rows)])
     lens = torch.arange(ctx + 1, ctx + rows + 1)
-    q = torch.randn(rows, heads, dim)
+    q = torch.randn(rows, heads, dim).to(dtype)
 
     def step() -> None:
         for _ in range(layers):
@@ -43,14 +43,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", default="1000,3000")
     ap.add_argument("--rows", default="1,2,4,8,16")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--grouped-only", action="store_true")
     a = ap.parse_args()
+    dtype = getattr(torch, a.dtype)
     assert cpu_kernels.load_kernels(), "the C++ kernels did not build"
     for ctx in map(int, a.contexts.split(",")):
         for r in map(int, a.rows.split(",")):
-            own = min(step_ms(ctx, r, False), step_ms(ctx, r, False))
-            grouped = min(step_ms(ctx, r, True), step_ms(ctx, r, True))
+            grouped = min(step_ms(ctx, r, True, dtype=dtype), step_ms(ctx, r, True, dtype=dtype))
+            if a.grouped_only:
+                print(f"context {ctx}, {r} rows: one request's rows {grouped:.2f} ms a step (30 layers, {a.dtype})")
+                continue
+            own = min(step_ms(ctx, r, False, dtype=dtype), step_ms(ctx, r, False, dtype=dtype))
             print(f"context {ctx}, {r} rows: each row its own pages {own:.2f} ms, one request's rows {grouped:.2f} ms "
-                  f"a step (30 layers)")
+                  f"a step (30 layers, {a.dtype})")
 
 
 if __name__ == "__main__":
