@@ -55,7 +55,7 @@ def main() -> None:
         out = run(batch)
         dt = time.perf_counter() - t
         req, n = batch.requests[0], batch.num_tokens[0]
-        if len(batch) == 1 and batch.samples(0) and req.num_computed_tokens > 0:  # a decode or verify step
+        if len(batch) == 1 and batch.samples(0) and n == 1 + len(batch.draft(0)):  # a decode or verify step
             c, ctx = eng.spec.cost, req.num_computed_tokens + n
             steps.append((n, ctx, dt, c.base + c.row(ctx) + (n - 1) * c.extra_row(ctx)))
         return out
