@@ -57,7 +57,7 @@ def main() -> None:
         req, n = batch.requests[0], batch.num_tokens[0]
         if len(batch) == 1 and batch.samples(0) and n == 1 + len(batch.draft(0)):  # a decode or verify step
             c, ctx = eng.spec.cost, req.num_computed_tokens + n
-            steps.append((n, ctx, dt, c.base + c.row(ctx) + (n - 1) * c.extra_row(ctx)))
+            steps.append((n, ctx, dt, c.base + c.request(ctx, n)))
         return out
 
     eng.runner.run = runner

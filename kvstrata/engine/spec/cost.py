@@ -48,6 +48,10 @@ class StepCost:
         """One more row of a request (a drafted token) over `context` tokens."""
         return self.per_row + self.per_token_extra * context
 
+    def request(self, context: int, rows: int) -> float:
+        """A request's `rows` rows over `context` tokens: its first row and rows - 1 drafted ones."""
+        return self.row(context) + (rows - 1) * self.extra_row(context)
+
 
 # where the pool cannot hold the timing steps: one more row costs half a 1-row step (drafts need p > 0.5)
 FALLBACK = StepCost(base=1.0, per_row=1.0, per_token=0.0, per_token_extra=0.0)

@@ -77,7 +77,7 @@ class Speculator:
         for i, req in enumerate(batch.requests):
             n = batch.num_tokens[i]
             context = req.num_computed_tokens + n
-            step_time += cost.row(context) + (n - 1) * cost.extra_row(context)
+            step_time += cost.request(context, n)
             expected += batch.samples(i)
             if n != 1 or not batch.samples(i):
                 continue

@@ -214,14 +214,11 @@ at::Tensor int8_head_logits(const at::Tensor& x, const at::Tensor& packed, const
         const int64_t nb = 2 * p;
         const bool two = nb + 1 < blocks;
 #if KVSTRATA_AMX
-        if (amx) {
+        if (amx)
           amx_block_pair(xs.data() + r0 * K, K, w + nb * groups * 64, groups, two, sums);
-        } else {
-          kPair[R](xr, w + nb * groups * 64, groups, two, sums);
-        }
-#else
-        kPair[R](xr, w + nb * groups * 64, groups, two, sums);
+        else
 #endif
+          kPair[R](xr, w + nb * groups * 64, groups, two, sums);
         const int64_t n0 = nb * kLanes, width = (two ? 2 : 1) * kLanes;
         for (int r = 0; r < R; ++r) {
           float* dst = o + (r0 + r) * N + n0;
