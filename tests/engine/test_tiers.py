@@ -250,6 +250,7 @@ def test_close_flushes_the_l1_and_l2_pages_the_store_missed(tiny_model_dir: Path
     eng.tiers.writer.store.store.down = True  # every write-through fails
     cold_a = run(eng, {"a": a})["a"]
     cold_b = run(eng, {"b": b})["b"]  # all 12 L1 pages: `a` now lives only in L2
+    assert eng.tiers.writer.drain(5.0)  # every write-through tried (and failed) while the store was down
     assert not list((tmp_path / "kvstore").rglob("*"))
     eng.tiers.writer.store.store.down = False  # back, but nothing is written until the flush
     report = eng.tiers.close(5.0)
