@@ -29,7 +29,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "amx_tiles.h"  // KVSTRATA_AMX_BF16: a bf16 cache's scores on tiles (paged_decode_amx.h)
+#include "amx_tiles.h"  // KVSTRATA_AMX_BF16: a bf16 cache's attention on tiles (paged_decode_amx.h)
 #include "exp_approx.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -292,7 +292,7 @@ void attend_block(const float* qf, int Q, const int64_t* limit, const scalar_t* 
   }
 }
 
-#include "paged_decode_amx.h"  // attend_block_amx: the same step for a bf16 cache on AMX-BF16
+#include "paged_decode_amx.h"  // attend_span_amx: the same step for a bf16 cache on AMX-BF16
 
 // Consecutive rows that one item can serve together: each longer than the one before and on the same
 // pages over that one's length (a request's verify rows), at most max_rows of them. Returns the first
@@ -352,8 +352,9 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
     std::vector<Partial> parts(max_heads);
     int64_t limit[kMaxQueries];
 #if KVSTRATA_AMX_BF16
-    constexpr int64_t kPairs = D / 2 * kMaxQueries;  // a head's queries as B tiles (queries_as_pairs)
-    std::unique_ptr<uint32_t[]> qt(amx ? new uint32_t[max_heads * kPairs] : nullptr);
+    // a head's queries as A tiles ([Q, D] bf16 rows), and the chunk buffers (paged_decode_amx.h)
+    std::unique_ptr<c10::BFloat16[]> qa(amx ? new c10::BFloat16[max_heads * kMaxQueries * D] : nullptr);
+    std::unique_ptr<SpanScratch<D>> scratch(amx ? new SpanScratch<D>() : nullptr);
     kvstrata::TileShapes tiles;
 #endif
     for (int64_t item = first; item < last; ++item) {
@@ -375,32 +376,31 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
           part.m[q] = ms.get() + base;
           part.l[q] = ls.get() + base;
           const scalar_t* qh = q_p + (b * H + h * G + q % G) * D;
-          if (!amx)  // the tiles' queries are the bf16 rows themselves (queries_as_pairs below)
-            for (int d = 0; d < D; ++d) qh_f[q * D + d] = to_float(qh[d]) * scale;
-        }
-#if KVSTRATA_AMX_BF16
-        if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-          if (amx) {
-            const scalar_t* rows[kMaxQueries];
-            for (int q = 0; q < Q; ++q) rows[q] = q_p + ((b0 + q / G) * H + h * G + q % G) * D;
-            queries_as_pairs<D>(rows, Q, qt.get() + (h - h0) * kPairs);
-          }
-        }
-#endif
-        start_partial<D>(Q, part);
-      }
-      for (int64_t t0 = begin; t0 < end; t0 += kBlock) {
-        const int n = static_cast<int>(std::min<int64_t>(kBlock, end - t0));
-        for (int64_t h = h0; h < h1; ++h) {
 #if KVSTRATA_AMX_BF16
           if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-            if (amx) {
-              attend_block_amx<D>(qt.get() + (h - h0) * kPairs, Q, limit, k_p + h * D, v_p + h * D, Hkv * D,
-                                  pages_p + top * P, page_size, t0, n, scale, parts[h - h0], tiles);
+            if (amx) {  // the tiles' queries are the bf16 rows themselves
+              std::memcpy(qa.get() + ((h - h0) * kMaxQueries + q) * D, qh, D * sizeof(scalar_t));
               continue;
             }
           }
 #endif
+          for (int d = 0; d < D; ++d) qh_f[q * D + d] = to_float(qh[d]) * scale;
+        }
+        start_partial<D>(Q, part);
+      }
+#if KVSTRATA_AMX_BF16
+      if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+        if (amx) {
+          for (int64_t h = h0; h < h1; ++h)
+            attend_span_amx<D>(qa.get() + (h - h0) * kMaxQueries * D, Q, limit, k_p + h * D, v_p + h * D, Hkv * D,
+                               pages_p + top * P, page_size, begin, end, scale, parts[h - h0], *scratch, tiles);
+          continue;
+        }
+      }
+#endif
+      for (int64_t t0 = begin; t0 < end; t0 += kBlock) {
+        const int n = static_cast<int>(std::min<int64_t>(kBlock, end - t0));
+        for (int64_t h = h0; h < h1; ++h) {
           attend_block<scalar_t, D>(qf.get() + (h - h0) * max_q * D, Q, limit, k_p + h * D, v_p + h * D,
                                     Hkv * D, pages_p + top * P, page_size, t0, n, parts[h - h0]);
         }
@@ -408,11 +408,13 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
     }
   });
   scalar_t* o_p = out.data_ptr<scalar_t>();
-  for (int64_t b = 0; b < B; ++b) {
-    // the row's own spans (those past its length are empty): a loop as long as the row's alone, which
-    // the compiler vectorizes alike (a longer one took a vector exp, another rounding)
-    const int64_t own = (lens_p[b] + span - 1) / span;
-    for (int64_t h = 0; h < Hkv; ++h) {
+  // each (row, KV head) merges its spans; a wide step's rows in parallel (a 16-row verify step's merge was
+  // a tenth of the call on one thread), a few rows on the calling thread
+  at::parallel_for(0, B * Hkv, 16, [&](int64_t first_bh, int64_t last_bh) {
+    for (int64_t bh = first_bh; bh < last_bh; ++bh) {
+      const int64_t b = bh / Hkv, h = bh % Hkv;
+      // the row's own spans (those past its length are empty): a loop as long as the row's alone
+      const int64_t own = (lens_p[b] + span - 1) / span;
       for (int g = 0; g < G; ++g) {
         const int64_t first = ((b * Hkv + h) * splits) * G + g;  // span 0 of this head, row g
         float m = -std::numeric_limits<float>::infinity();
@@ -424,14 +426,25 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
           l += w[sp] * ls[first + sp * G];
         }
         scalar_t* o = o_p + (b * H + h * G + g) * D;
+#if KVSTRATA_AVX512  // 16 dims a pass, each lane's sum in the scalar loop's order
+        for (int d0 = 0; d0 < D; d0 += 16) {
+          __m512 x = _mm512_setzero_ps();
+          for (int64_t sp = 0; sp < own; ++sp)
+            x = _mm512_fmadd_ps(_mm512_set1_ps(w[sp]), _mm512_loadu_ps(&acc[(first + sp * G) * D + d0]), x);
+          alignas(64) float xs[16];
+          _mm512_store_ps(xs, x);
+          for (int d = 0; d < 16; ++d) o[d0 + d] = static_cast<scalar_t>(xs[d] / l);
+        }
+#else
         for (int d = 0; d < D; ++d) {
           float x = 0.f;
           for (int64_t sp = 0; sp < own; ++sp) x += w[sp] * acc[(first + sp * G) * D + d];
           o[d] = static_cast<scalar_t>(x / l);
         }
+#endif
       }
     }
-  }
+  });
 }
 
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,

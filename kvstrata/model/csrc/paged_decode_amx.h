@@ -1,130 +1,231 @@
-// paged_decode.cpp's block step for a bf16 cache on AMX-BF16 tiles (Sapphire Rapids and later): the
-// block's scores for all of an item's queries in a few tdpbf16ps, then the online softmax with a lane a
-// query. Included by paged_decode.cpp after its helpers (kBlock, kMaxQueries, Partial, load_row,
-// weighted_rows).
+// paged_decode.cpp's span step for a bf16 cache on AMX-BF16 tiles (Sapphire Rapids and later): both
+// products of attention on tiles, a chunk of up to 256 tokens at a time. Included by paged_decode.cpp
+// after its helpers (Partial, kMaxQueries).
 //
 // Why: a verify step gives one request 16 rows, so an item scores 48 queries (SmolLM2: 16 rows x 3 query
-// heads a KV head) against each K row. In float32 FMAs a (query, token) score is 4 FMAs and a horizontal
-// sum (a third of a 16-row verify step's time went to attention, most of it there). On tiles the K rows
-// are A as they lie (16 tokens x 32 dims, a row each) and the queries B (pairs of dims x queries, made once
-// an item), so a tile of 16 tokens x 16 queries takes D / 32 tdpbf16ps. The products are exact in float32
-// (bf16 x bf16) and every score is summed by the same instruction sequence whatever the other queries,
-// so a query's bits do not depend on the step it is in (engine/spec/: greedy output the same with drafts):
-// a verify row's tail tokens it must not see are -inf scores and zero weights (x + 0 = x), not a shorter
-// loop. The scores are scaled after the sum (for D 16, 64, 256 a power of two: the same as scaling q).
-// Every step of a bf16 cache takes this form where AMX-BF16 is granted, so a row's bits are this form's.
+// heads a KV head) against each K row, then sums 48 weighted V rows. Scores alone on tiles (the form
+// before this one) left the weighted sum to float32 FMAs (4 a query and token at D 64) and an online
+// softmax rescale every 32 tokens: ~1.1 ms a drafted row a step at a 3k context. Here, per chunk:
+//   K^T: the chunk's K rows turned to pairs of dims x 16 tokens (16x16 transposes of 32-bit pairs), and
+//   V:   its token pairs interleaved (a B tile row: dims d..d+15 of tokens 2i and 2i + 1), both made once
+//        for all of the item's queries;
+//   per 16 queries: scores S = Q K^T (query-major, D / 32 tdpbf16ps a 16-token block), the chunk's max
+//   and exp a query row at a time (one rescale a chunk, not a block), weights rounded to bf16 (as GPU
+//   flash attention feeds its PV product; their sum l is taken of the rounded weights, so they still
+//   sum to 1), and P V on tiles into float32.
+// Every product is exact in float32 (bf16 x bf16) and each output row of a tile depends on its own A row
+// alone, summed by the same instruction sequence whatever the other queries, so a query's bits do not
+// depend on the step it is in (engine/spec/: greedy output the same with drafts). A verify row's tail
+// tokens it must not see are -inf scores and zero weights against finite (or zeroed) V rows, not a
+// shorter loop. Every step of a bf16 cache takes this form where AMX-BF16 is granted.
 #pragma once
 
 #if KVSTRATA_AMX_BF16
 
-// the queries of one KV head as B tiles: qt[p * kMaxQueries + q] holds dims 2p, 2p + 1 of query q
-template <int D>
-inline void queries_as_pairs(const c10::BFloat16* const* rows, int Q, uint32_t* qt) {
-  for (int q = 0; q < Q; ++q) {
-    const uint32_t* r = reinterpret_cast<const uint32_t*>(rows[q]);
-    for (int p = 0; p < D / 2; ++p) qt[p * kMaxQueries + q] = r[p];
+constexpr int kChunk = 256;  // tokens a chunk: its scores and weights held whole for one softmax
+
+// 16 rows of 16 32-bit values transposed in registers (4 rounds of 16 shuffles)
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // r[i + e] lane l: element 4l + e of rows i .. i + 3
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int e = 0; e < 4; ++e) {  // lanes (0, 2) and (1, 3) of rows' quarters 0-1 and 2-3
+    t[e] = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x88);
+    t[4 + e] = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xdd);
+    t[8 + e] = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x88);
+    t[12 + e] = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xdd);
+  }
+  for (int e = 0; e < 8; ++e) {
+    r[e] = _mm512_shuffle_i32x4(t[e], t[8 + e], 0x88);
+    r[8 + e] = _mm512_shuffle_i32x4(t[e], t[8 + e], 0xdd);
   }
 }
 
-// out[i] *= f for D floats
+// one thread's chunk buffers for head size D (64-byte aligned)
 template <int D>
-inline void scale_row(float* out, float f) {
-  const __m512 v = _mm512_set1_ps(f);
-  for (int c = 0; c < D; c += 16) _mm512_storeu_ps(out + c, _mm512_mul_ps(_mm512_loadu_ps(out + c), v));
-}
+struct SpanScratch {
+  static constexpr int DC = D < 32 ? D : 32;  // dims of a score tile's K (64 bytes of bf16)
+  static constexpr int KC = D / DC;           // score tiles a 16-token block
+  static constexpr int VC = D / 16;           // output tiles (16 dims each)
+  static constexpr size_t kKt = size_t(kChunk / 16) * KC * 16 * 16;  // uint32: [block][KC][pair][token]
+  static constexpr size_t kVp = size_t(kChunk / 32) * VC * 16 * 32;  // bf16: [slice][VC][token pair][32]
+  static constexpr size_t kS = size_t(16) * kChunk;                 // float: [query][token]
+  static constexpr size_t kP = size_t(16) * kChunk;                 // bf16: [query][token]
+  static constexpr size_t kC = size_t(16) * D;                      // float: [query][dim]
+  std::unique_ptr<uint8_t[]> raw{new uint8_t[4 * kKt + 2 * kVp + 4 * kS + 2 * kP + 4 * kC + 64]};
+  uint32_t* kt = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(raw.get()) + 63) & ~uintptr_t(63));
+  uint16_t* vp = reinterpret_cast<uint16_t*>(kt + kKt);
+  float* s = reinterpret_cast<float*>(vp + kVp);
+  uint16_t* p = reinterpret_cast<uint16_t*>(s + kS);
+  float* c = reinterpret_cast<float*>(p + kP);
+};
 
-// Q queries (qt: queries_as_pairs) over the n tokens from t0 of one KV head, on top of out; query q sees
-// the tokens before limit[q]. tiles: this thread's (0, 1: scores of tokens 0-15, 16-31 [16 x Qp];
-// 2: 16 K rows [16 x 32 dims]; 3: the queries' dims [16 pairs x Qp])
+// the chunk's K as B tiles (pairs of dims x tokens) and V as B tiles (token pairs x dims, interleaved);
+// tokens past n are zeros
 template <int D>
-void attend_block_amx(const uint32_t* qt, int Q, const int64_t* limit, const c10::BFloat16* k, const c10::BFloat16* v,
-                      int64_t hkv_stride, const int64_t* pages, int64_t page_size, int64_t t0, int n, float scale,
-                      const Partial& out, kvstrata::TileShapes& tiles) {
-  constexpr int DC = D < 32 ? D : 32;  // dims a tile's row holds (64 bytes of bf16)
-  alignas(64) c10::BFloat16 kb[kBlock][D];  // the block's K rows, zeros past n
-  alignas(64) float st[kBlock][kMaxQueries];  // scores, then weights: token-major, a query a column
-  for (int j = 0; j < kBlock; ++j) {
-    if (j < n) {
-      const int64_t t = t0 + j;
-      std::memcpy(kb[j], k + (pages[t / page_size] * page_size + t % page_size) * hkv_stride, D * sizeof(c10::BFloat16));
-    } else {
-      std::memset(kb[j], 0, D * sizeof(c10::BFloat16));
+void chunk_kv(const c10::BFloat16* k, const c10::BFloat16* v, int64_t stride, const int64_t* pages, int64_t page_size,
+              int64_t t0, int n, SpanScratch<D>& sc) {
+  using S = SpanScratch<D>;
+  const __mmask16 pairs = static_cast<__mmask16>((1u << (S::DC / 2)) - 1);
+  const auto row = [&](const c10::BFloat16* cache, int j) {
+    const int64_t t = t0 + j;
+    return cache + (pages[t / page_size] * page_size + t % page_size) * stride;
+  };
+  for (int b = 0; b * 16 < n; ++b) {
+    for (int c = 0; c < S::KC; ++c) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = b * 16 + i < n ? _mm512_maskz_loadu_epi32(pairs, row(k, b * 16 + i) + c * S::DC) : _mm512_setzero_si512();
+      transpose16(r);
+      uint32_t* dst = sc.kt + (size_t(b) * S::KC + c) * 256;
+      for (int p = 0; p < S::DC / 2; ++p) _mm512_store_si512(dst + p * 16, r[p]);
     }
   }
-  for (int q0 = 0; q0 < Q; q0 += 16) {  // scores
-    const int Qp = std::min(16, Q - q0);
-    tiles.set(0, 16, 4 * Qp);
-    tiles.set(1, 16, 4 * Qp);
-    tiles.set(2, 16, 2 * DC);
-    tiles.set(3, DC / 2, 4 * Qp);
-    tiles.load();
-    _tile_zero(0);
-    _tile_zero(1);
-    for (int c = 0; c < D; c += DC) {
-      _tile_loadd(3, qt + (c / 2) * kMaxQueries + q0, 4 * kMaxQueries);
-      _tile_loadd(2, &kb[0][c], 2 * D);
-      _tile_dpbf16ps(0, 2, 3);
-      if (n > 16) {
-        _tile_loadd(2, &kb[16][c], 2 * D);
-        _tile_dpbf16ps(1, 2, 3);
+  // a B row of a 16-dim piece: dims d..d+15 of tokens 2i and 2i + 1, interleaved
+  alignas(64) static constexpr int16_t kLo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                  8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  alignas(64) static constexpr int16_t kHi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                                  24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+  const __m512i lo = _mm512_load_si512(kLo), hi = _mm512_load_si512(kHi);
+  constexpr int W = D < 32 ? D : 32;  // dims a load takes
+  const __mmask32 dims = static_cast<__mmask32>((uint64_t(1) << W) - 1);
+  for (int s = 0; s * 32 < n; ++s) {
+    for (int tp = 0; tp < 16; ++tp) {
+      const int j = s * 32 + 2 * tp;
+      for (int d = 0; d < D; d += W) {
+        const __m512i a = j < n ? _mm512_maskz_loadu_epi16(dims, row(v, j) + d) : _mm512_setzero_si512();
+        const __m512i e = j + 1 < n ? _mm512_maskz_loadu_epi16(dims, row(v, j + 1) + d) : _mm512_setzero_si512();
+        uint16_t* dst = sc.vp + ((size_t(s) * S::VC + d / 16) * 16 + tp) * 32;
+        _mm512_store_si512(dst, _mm512_permutex2var_epi16(a, lo, e));
+        if (W == 32) _mm512_store_si512(dst + 16 * 32, _mm512_permutex2var_epi16(a, hi, e));
       }
     }
-    _tile_stored(0, &st[0][q0], 4 * kMaxQueries);
-    if (n > 16) _tile_stored(1, &st[16][q0], 4 * kMaxQueries);
   }
-  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), sc = _mm512_set1_ps(scale);
-  for (int q0 = 0; q0 < Q; q0 += 16) {  // online softmax, 16 queries a vector
+}
+
+// Q queries (qa: [Q, D] bf16 rows) over tokens [t0, t0 + n) of one KV head (n <= kChunk; chunk_kv made
+// its tiles), on top of out; query q sees the tokens before limit[q]
+template <int D>
+void attend_chunk_amx(const c10::BFloat16* qa, int Q, const int64_t* limit, int64_t t0, int n, float scale,
+                      const Partial& out, SpanScratch<D>& sc, kvstrata::TileShapes& tiles) {
+  using S = SpanScratch<D>;
+  const int blocks = (n + 15) / 16, slices = (n + 31) / 32;
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), scv = _mm512_set1_ps(scale);
+  for (int q0 = 0; q0 < Q; q0 += 16) {
     const int Qp = std::min(16, Q - q0);
-    alignas(64) float mo[16] = {}, lo[16] = {}, fix[16];
-    alignas(64) int32_t lv[16] = {};
-    for (int i = 0; i < Qp; ++i) {
-      mo[i] = *out.m[q0 + i];
-      lo[i] = *out.l[q0 + i];
-      lv[i] = static_cast<int32_t>(std::clamp<int64_t>(limit[q0 + i] - t0, 0, n));
+    for (int t = 0; t < 4; ++t) tiles.set(t, Qp, 64);  // outputs: scores (16 tokens), P V (16 dims)
+    tiles.set(4, Qp, 2 * S::DC);                         // queries
+    tiles.set(5, S::DC / 2, 64);                         // K^T
+    tiles.set(6, Qp, 64);                                // weights (32 tokens)
+    tiles.set(7, 16, 64);                                // V pairs
+    tiles.load();
+    for (int b = 0; b < blocks; b += 2) {  // S = Q K^T, 32 tokens a pass
+      const bool two = b + 1 < blocks;
+      _tile_zero(0);
+      _tile_zero(1);
+      for (int c = 0; c < S::KC; ++c) {
+        _tile_loadd(4, qa + size_t(q0) * D + c * S::DC, 2 * D);
+        _tile_loadd(5, sc.kt + (size_t(b) * S::KC + c) * 256, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        if (two) {
+          _tile_loadd(5, sc.kt + (size_t(b + 1) * S::KC + c) * 256, 64);
+          _tile_dpbf16ps(1, 4, 5);
+        }
+      }
+      _tile_stored(0, sc.s + b * 16, 4 * kChunk);
+      if (two) _tile_stored(1, sc.s + (b + 1) * 16, 4 * kChunk);
     }
-    const __m512 m_old = _mm512_load_ps(mo);
-    const __m512i live = _mm512_load_si512(lv);
-    __m512 mx = m_old;
-    for (int j = 0; j < n; ++j) {
-      const __mmask16 sees = _mm512_cmpgt_epi32_mask(live, _mm512_set1_epi32(j));
-      const __m512 s = _mm512_mask_mul_ps(ninf, sees, _mm512_loadu_ps(&st[j][q0]), sc);
-      _mm512_storeu_ps(&st[j][q0], s);
-      mx = _mm512_max_ps(mx, s);
+    alignas(64) float fix[16];
+    int live[16];
+    for (int i = 0; i < Qp; ++i) {  // softmax, a query row at a time; weights to bf16
+      const int q = q0 + i;
+      live[i] = static_cast<int>(std::clamp<int64_t>(limit[q] - t0, 0, n));
+      float* s = sc.s + size_t(i) * kChunk;
+      uint16_t* p = sc.p + size_t(i) * kChunk;
+      const int nl = live[i];
+      __m512 mx = ninf;
+      for (int j = 0; j < nl; j += 16) {
+        const __mmask16 m = nl - j >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (nl - j)) - 1);
+        const __m512 x = _mm512_mask_mul_ps(ninf, m, _mm512_loadu_ps(s + j), scv);
+        _mm512_storeu_ps(s + j, x);
+        mx = _mm512_max_ps(mx, x);
+      }
+      int j = 0;
+      if (nl) {
+        const float m_old = *out.m[q], m_new = std::max(m_old, _mm512_reduce_max_ps(mx));
+        const __m512 mv = _mm512_set1_ps(m_new);
+        __m512 sum = _mm512_setzero_ps();
+        for (; j < nl; j += 16) {
+          const __m256bh w = _mm512_cvtneps_pbh(exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv)));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)w);
+          sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                       _mm512_cvtepu16_epi32((__m256i)w), 16)));
+        }
+        fix[i] = m_old == -std::numeric_limits<float>::infinity() ? 0.f : exp_nonpositive(m_old - m_new);
+        *out.m[q] = m_new;
+        *out.l[q] = *out.l[q] * fix[i] + _mm512_reduce_add_ps(sum);
+      }
+      for (; j < slices * 32; j += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), _mm256_setzero_si256());
     }
-    // a query that sees none of the block keeps its state (its max may still be -inf: no exp of it)
-    const __mmask16 seen = _mm512_cmpgt_epi32_mask(live, _mm512_setzero_si512());
-    const __m512 rescale = _mm512_mask_blend_ps(seen, _mm512_set1_ps(1.f),
-                                                kvstrata::exp_nonpositive(_mm512_maskz_sub_ps(seen, m_old, mx)));
-    __m512 sum = _mm512_setzero_ps();
-    for (int j = 0; j < n; ++j) {
-      const __mmask16 sees = _mm512_cmpgt_epi32_mask(live, _mm512_set1_epi32(j));
-      const __m512 e = _mm512_maskz_mov_ps(sees, kvstrata::exp_nonpositive(
-                                                     _mm512_maskz_sub_ps(sees, _mm512_loadu_ps(&st[j][q0]), mx)));
-      _mm512_storeu_ps(&st[j][q0], e);
-      sum = _mm512_add_ps(sum, e);
+    for (int d0 = 0; d0 < S::VC; d0 += 4) {  // P V: up to 4 output tiles a pass over the weights
+      const int nt = std::min(4, S::VC - d0);
+      _tile_zero(0);
+      if (nt > 1) _tile_zero(1);
+      if (nt > 2) _tile_zero(2);
+      if (nt > 3) _tile_zero(3);
+      for (int s = 0; s < slices; ++s) {
+        _tile_loadd(6, sc.p + s * 32, 2 * kChunk);
+        const uint16_t* vs = sc.vp + (size_t(s) * S::VC + d0) * 16 * 32;
+        _tile_loadd(7, vs, 64);
+        _tile_dpbf16ps(0, 6, 7);
+        if (nt > 1) {
+          _tile_loadd(7, vs + 16 * 32, 64);
+          _tile_dpbf16ps(1, 6, 7);
+        }
+        if (nt > 2) {
+          _tile_loadd(7, vs + 2 * 16 * 32, 64);
+          _tile_dpbf16ps(2, 6, 7);
+        }
+        if (nt > 3) {
+          _tile_loadd(7, vs + 3 * 16 * 32, 64);
+          _tile_dpbf16ps(3, 6, 7);
+        }
+      }
+      _tile_stored(0, sc.c + d0 * 16, 4 * D);
+      if (nt > 1) _tile_stored(1, sc.c + (d0 + 1) * 16, 4 * D);
+      if (nt > 2) _tile_stored(2, sc.c + (d0 + 2) * 16, 4 * D);
+      if (nt > 3) _tile_stored(3, sc.c + (d0 + 3) * 16, 4 * D);
     }
-    _mm512_store_ps(mo, _mm512_mask_blend_ps(seen, m_old, mx));
-    _mm512_store_ps(lo, _mm512_fmadd_ps(_mm512_load_ps(lo), rescale, sum));
-    _mm512_store_ps(fix, rescale);
-    for (int i = 0; i < Qp; ++i) {
-      *out.m[q0 + i] = mo[i];
-      *out.l[q0 + i] = lo[i];
-      if (fix[i] != 1.f) scale_row<D>(out.acc[q0 + i], fix[i]);
+    for (int i = 0; i < Qp; ++i) {  // acc = acc * fix + P V; a query that saw none of the chunk keeps its state
+      if (!live[i]) continue;
+      float* acc = out.acc[q0 + i];
+      const float* pv = sc.c + size_t(i) * D;
+      const __m512 f = _mm512_set1_ps(fix[i]);
+      for (int d = 0; d < D; d += 16)
+        _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(_mm512_loadu_ps(acc + d), f, _mm512_loadu_ps(pv + d)));
     }
   }
-  alignas(64) float buf[kBlock][D];  // the block's V rows as floats
-  const float* rows[kBlock];
-  for (int j = 0; j < n; ++j) rows[j] = load_row<c10::BFloat16, D>(v, pages, page_size, hkv_stride, t0 + j, buf[j]);
-  constexpr int NQ = D <= 64 ? 4 : D == 128 ? 2 : 1;  // NQ x D / 16 <= 16 accumulators
-  int q = 0;
-  for (; q + NQ <= Q; q += NQ) weighted_rows<D, NQ>(&st[0][q], kMaxQueries, 1, rows, n, &out.acc[q]);
-  if constexpr (NQ == 4) {  // three left (a 1-row step of 3 query heads a KV head): one pass for them
-    if (Q - q == 3) {
-      weighted_rows<D, 3>(&st[0][q], kMaxQueries, 1, rows, n, &out.acc[q]);
-      return;
-    }
+}
+
+// Q queries over tokens [begin, end) of one KV head, a chunk at a time (chunks at fixed offsets from the
+// span's start, so a row's chunks are the same in any step)
+template <int D>
+void attend_span_amx(const c10::BFloat16* qa, int Q, const int64_t* limit, const c10::BFloat16* k,
+                     const c10::BFloat16* v, int64_t stride, const int64_t* pages, int64_t page_size, int64_t begin,
+                     int64_t end, float scale, const Partial& out, SpanScratch<D>& sc, kvstrata::TileShapes& tiles) {
+  for (int64_t t0 = begin; t0 < end; t0 += kChunk) {
+    const int n = static_cast<int>(std::min<int64_t>(kChunk, end - t0));
+    chunk_kv<D>(k, v, stride, pages, page_size, t0, n, sc);
+    attend_chunk_amx<D>(qa, Q, limit, t0, n, scale, out, sc, tiles);
   }
-  for (; q < Q; ++q) weighted_rows<D, 1>(&st[0][q], kMaxQueries, 1, rows, n, &out.acc[q]);
 }
 
 #endif
