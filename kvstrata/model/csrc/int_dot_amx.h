@@ -46,12 +46,82 @@ namespace kvstrata_int_dot {
 constexpr int kAmxRows = 16;  // activation rows a pass (a tile's rows)
 
 // tiles: 0, 1 the int32 dots of the hi and lo activation bytes [R x 16]; 2, 3 those bytes [R x 32];
-// 4 one group of the weights' q as u8 [8 x 64]
+// 4 one group of the weights' q as u8 [8 x 64]; 5, 6 and 7: 0, 1 and 4 of a second tile column (amx_q4_pair)
 inline void amx_q4_shapes(kvstrata::TileShapes& t, int R) {
-  for (int i : {0, 1}) t.set(i, R, 64);
+  for (int i : {0, 1, 5, 6}) t.set(i, R, 64);
   for (int i : {2, 3}) t.set(i, R, kGroup);
-  t.set(4, 8, 64);
+  for (int i : {4, 7}) t.set(i, 8, 64);
   t.load();
+}
+
+// a group's 32 x 16 nibbles as B's 8 rows of 64 bytes (lo[v] row v, hi[v] row 4 + v)
+inline void q4_group_bytes(const uint8_t* wb, uint8_t* q) {
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  for (int v = 0; v < 4; ++v) {
+    const __m512i raw = _mm512_loadu_si512(wb + 64 * v);
+    _mm512_store_si512(q + 64 * v, _mm512_and_si512(raw, mask));
+    _mm512_store_si512(q + 64 * (4 + v), _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask));
+  }
+}
+
+// out[r] += a group's dots (dh, dl: R x 16 int32) scaled, the VNNI path's float operations in its order
+inline void q4_group_epilogue(const Activations& a, int64_t r0, int R, int64_t nb, int64_t j, const uint8_t* w,
+                              const uint8_t* wb, Format f, const int32_t* dh, const int32_t* dl, float* out) {
+  __m512 sc, bi;
+  q4_scales_512(w, wb, j, f, sc, bi);
+  for (int r = 0; r < R; ++r) {
+    const __m512i lo = _mm512_load_si512(dl + r * kLanes);
+    const __m512i dot = a.wide ? _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(dh + r * kLanes), 8), lo) : lo;
+    const int64_t at = (r0 + r) * nb + j;
+    float* o = out + r * kLanes;
+    __m512 acc = _mm512_loadu_ps(o);
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(sc, _mm512_set1_ps(a.scale[at])), _mm512_cvtepi32_ps(dot), acc);
+    acc = _mm512_fmadd_ps(bi, _mm512_set1_ps(a.sum[at]), acc);
+    _mm512_storeu_ps(o, acc);
+  }
+}
+
+// amx_q4_tiles for two tile columns of one weight (wa, wb: their first groups) on the same activation
+// tiles: four independent dots a group where one column's two waited on each other; the same integers and
+// epilogue, so the same bits. out: [2][R x 16]
+inline void amx_q4_pair(const Activations& a, int64_t r0, int R, int64_t K, const uint8_t* wa, const uint8_t* wb,
+                        Format f, float* out) {
+  const int64_t nb = K / kGroup;
+  alignas(64) uint8_t qa[8 * 64], qb[8 * 64];
+  alignas(64) int32_t dh[2][kAmxRows * kLanes], dl[2][kAmxRows * kLanes];
+  for (int r = 0; r < 2 * R; ++r) _mm512_storeu_ps(out + r * kLanes, _mm512_setzero_ps());
+  const int8_t* xh = a.hi.data() + r0 * K;
+  const int8_t* xl = a.lo.data() + r0 * K;
+  for (int64_t j = 0; j < nb; ++j) {
+    const uint8_t* ga = tile_at(wa, j, f);
+    const uint8_t* gb = tile_at(wb, j, f);
+    q4_group_bytes(ga, qa);
+    q4_group_bytes(gb, qb);
+    _tile_loadd(4, qa, 64);
+    _tile_loadd(7, qb, 64);
+    _tile_zero(1);
+    _tile_zero(6);
+    _tile_loadd(3, xl + j * kGroup, K);
+    if (a.wide) {
+      _tile_zero(0);
+      _tile_zero(5);
+      _tile_loadd(2, xh + j * kGroup, K);
+    }
+    _tile_dpbsud(1, 3, 4);
+    _tile_dpbsud(6, 3, 7);
+    if (a.wide) {
+      _tile_dpbsud(0, 2, 4);
+      _tile_dpbsud(5, 2, 7);
+    }
+    _tile_stored(1, dl[0], 64);
+    _tile_stored(6, dl[1], 64);
+    if (a.wide) {
+      _tile_stored(0, dh[0], 64);
+      _tile_stored(5, dh[1], 64);
+    }
+    q4_group_epilogue(a, r0, R, nb, j, wa, ga, f, dh[0], dl[0], out);
+    q4_group_epilogue(a, r0, R, nb, j, wb, gb, f, dh[1], dl[1], out + R * kLanes);
+  }
 }
 
 // out[r][i] for rows r0..r0+R-1 (R <= 16) of one q4 tile column (this thread's tiles shaped for R: amx_q4_shapes)
@@ -59,17 +129,12 @@ inline void amx_q4_tiles(const Activations& a, int64_t r0, int R, int64_t K, con
   const int64_t nb = K / kGroup;
   alignas(64) uint8_t q[8 * 64];
   alignas(64) int32_t dh[kAmxRows * kLanes], dl[kAmxRows * kLanes];
-  const __m512i mask = _mm512_set1_epi8(0x0F);
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * kLanes, _mm512_setzero_ps());
   const int8_t* xh = a.hi.data() + r0 * K;
   const int8_t* xl = a.lo.data() + r0 * K;
   for (int64_t j = 0; j < nb; ++j) {
     const uint8_t* wb = tile_at(w, j, f);
-    for (int v = 0; v < 4; ++v) {
-      const __m512i raw = _mm512_loadu_si512(wb + 64 * v);
-      _mm512_store_si512(q + 64 * v, _mm512_and_si512(raw, mask));
-      _mm512_store_si512(q + 64 * (4 + v), _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask));
-    }
+    q4_group_bytes(wb, q);
     _tile_loadd(4, q, 64);
     _tile_zero(1);
     _tile_loadd(3, xl + j * kGroup, K);
@@ -81,18 +146,7 @@ inline void amx_q4_tiles(const Activations& a, int64_t r0, int R, int64_t K, con
       _tile_dpbsud(0, 2, 4);
       _tile_stored(0, dh, 64);
     }
-    __m512 sc, bi;
-    q4_scales_512(w, wb, j, f, sc, bi);
-    for (int r = 0; r < R; ++r) {
-      const __m512i lo = _mm512_load_si512(dl + r * kLanes);
-      const __m512i dot = a.wide ? _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(dh + r * kLanes), 8), lo) : lo;
-      const int64_t at = (r0 + r) * nb + j;
-      float* o = out + r * kLanes;
-      __m512 acc = _mm512_loadu_ps(o);
-      acc = _mm512_fmadd_ps(_mm512_mul_ps(sc, _mm512_set1_ps(a.scale[at])), _mm512_cvtepi32_ps(dot), acc);
-      acc = _mm512_fmadd_ps(bi, _mm512_set1_ps(a.sum[at]), acc);
-      _mm512_storeu_ps(o, acc);
-    }
+    q4_group_epilogue(a, r0, R, nb, j, w, wb, f, dh, dl, out);
   }
 }
 

@@ -149,7 +149,7 @@ void run(const at::Tensor& x, const std::vector<at::Tensor>& parts, at::Tensor& 
   const bool amx = rows >= kAmxMinRows && kvstrata::amx_ready();
 #endif
   at::parallel_for(0, first_tile.back(), 8, [&](int64_t first, int64_t last) {
-    float tile[16 * kLanes];  // a pass's rows of one tile column (AMX: 16, else kMaxRows)
+    float tile[2 * 16 * kLanes];  // a pass's rows of one tile column (AMX: 16 rows of up to 2 columns, else kMaxRows)
 #if KVSTRATA_AMX
     kvstrata::TileShapes tiles_amx;
 #endif
@@ -169,13 +169,21 @@ void run(const at::Tensor& x, const std::vector<at::Tensor>& parts, at::Tensor& 
 #endif
 #if KVSTRATA_AMX
       if (amx && f.high_bits == 0) {
+        const int cols = c + 1 < last && c + 1 < first_tile[p + 1] ? 2 : 1;  // this column and the next of its weight
         for (int64_t r0 = 0; r0 < rows; r0 += kAmxRows) {
           const int R = static_cast<int>(std::min<int64_t>(kAmxRows, rows - r0));
           amx_q4_shapes(tiles_amx, R);
-          amx_q4_tiles(a, r0, R, K, w, f, tile);
-          for (int r = 0; r < R; ++r)
-            for (int i = 0; i < kLanes; ++i) o[(r0 + r) * N + c * kLanes + i] = static_cast<scalar_t>(tile[r * kLanes + i]);
+          if (cols == 2) {
+            amx_q4_pair(a, r0, R, K, w, w + (K / kGroup) * f.bytes(), f, tile);
+          } else {
+            amx_q4_tiles(a, r0, R, K, w, f, tile);
+          }
+          for (int cc = 0; cc < cols; ++cc)
+            for (int r = 0; r < R; ++r)
+              for (int i = 0; i < kLanes; ++i)
+                o[(r0 + r) * N + (c + cc) * kLanes + i] = static_cast<scalar_t>(tile[(cc * R + r) * kLanes + i]);
         }
+        c += cols - 1;
         continue;
       }
 #endif
