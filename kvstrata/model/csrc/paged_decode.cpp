@@ -140,10 +140,9 @@ inline void block_accumulate(const float* p, const float* const* rows, int n, fl
 // block_accumulate for NQ queries at once over the same n rows (a verify group's queries): acc[i] +=
 // sum_j p[j * sj + i * si] * rows[j], each row loaded once for all of them, and NQ x D / 16 independent sums
 // where one query's D / 16 waited on the FMA latency token after token. A query's sums take the same FMAs
-// in the same order whatever NQ: the same bits. (sj, si): the weights' strides, query-major (1, kBlock)
-// here, token-major (kMaxQueries, 1) in paged_decode_amx.h.
+// in the same order whatever NQ: the same bits. p: query-major weights, kBlock a query.
 template <int D, int NQ>
-inline void weighted_rows(const float* p, int sj, int si, const float* const* rows, int n, float* const* acc) {
+inline void weighted_rows(const float* p, const float* const* rows, int n, float* const* acc) {
   __m512 a[NQ][D / 16];
   for (int i = 0; i < NQ; ++i)
     for (int c = 0; c < D / 16; ++c) a[i][c] = _mm512_loadu_ps(acc[i] + 16 * c);
@@ -151,7 +150,7 @@ inline void weighted_rows(const float* p, int sj, int si, const float* const* ro
     __m512 r[D / 16];
     for (int c = 0; c < D / 16; ++c) r[c] = _mm512_loadu_ps(rows[j] + 16 * c);
     for (int i = 0; i < NQ; ++i) {
-      const __m512 w = _mm512_set1_ps(p[j * sj + i * si]);
+      const __m512 w = _mm512_set1_ps(p[i * kBlock + j]);
       for (int c = 0; c < D / 16; ++c) a[i][c] = _mm512_fmadd_ps(w, r[c], a[i][c]);
     }
   }
@@ -283,7 +282,7 @@ void attend_block(const float* qf, int Q, const int64_t* limit, const scalar_t* 
   if constexpr (NQ > 1) {
     for (; q + NQ <= Q; q += NQ) {  // runs of NQ queries that see the same tokens (all but a group's tail)
       if (!std::all_of(live + q, live + q + NQ, [&](int l) { return l == n; })) break;
-      weighted_rows<D, NQ>(s[q], 1, kBlock, rows, n, &out.acc[q]);
+      weighted_rows<D, NQ>(s[q], rows, n, &out.acc[q]);
     }
   }
 #endif

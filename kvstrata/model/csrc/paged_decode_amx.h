@@ -10,9 +10,10 @@
 //   V:   its token pairs interleaved (a B tile row: dims d..d+15 of tokens 2i and 2i + 1), both made once
 //        for all of the item's queries;
 //   per 16 queries: scores S = Q K^T (query-major, D / 32 tdpbf16ps a 16-token block), the chunk's max
-//   and exp a query row at a time (one rescale a chunk, not a block), weights rounded to bf16 (as GPU
-//   flash attention feeds its PV product; their sum l is taken of the rounded weights, so they still
-//   sum to 1), and P V on tiles into float32.
+//   and exp a query row at a time (one rescale a chunk, not a block), each weight split into a bf16 high
+//   part and a bf16 rest (16 bits of it: weights rounded to bf16 alone, as GPU flash attention feeds its
+//   PV product, took SmolLM2's bf16 greedy output from float32's in 4 more of 24 prompts), and
+//   P V = P_hi V + P_lo V on tiles into float32.
 // Every product is exact in float32 (bf16 x bf16) and each output row of a tile depends on its own A row
 // alone, summed by the same instruction sequence whatever the other queries, so a query's bits do not
 // depend on the step it is in (engine/spec/: greedy output the same with drafts). A verify row's tail
@@ -58,14 +59,15 @@ struct SpanScratch {
   static constexpr size_t kKt = size_t(kChunk / 16) * KC * 16 * 16;  // uint32: [block][KC][pair][token]
   static constexpr size_t kVp = size_t(kChunk / 32) * VC * 16 * 32;  // bf16: [slice][VC][token pair][32]
   static constexpr size_t kS = size_t(16) * kChunk;                 // float: [query][token]
-  static constexpr size_t kP = size_t(16) * kChunk;                 // bf16: [query][token]
+  static constexpr size_t kP = size_t(16) * kChunk;                 // bf16: [query][token], a high part and the rest
   static constexpr size_t kC = size_t(16) * D;                      // float: [query][dim]
-  std::unique_ptr<uint8_t[]> raw{new uint8_t[4 * kKt + 2 * kVp + 4 * kS + 2 * kP + 4 * kC + 64]};
+  std::unique_ptr<uint8_t[]> raw{new uint8_t[4 * kKt + 2 * kVp + 4 * kS + 4 * kP + 4 * kC + 64]};
   uint32_t* kt = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(raw.get()) + 63) & ~uintptr_t(63));
   uint16_t* vp = reinterpret_cast<uint16_t*>(kt + kKt);
   float* s = reinterpret_cast<float*>(vp + kVp);
   uint16_t* p = reinterpret_cast<uint16_t*>(s + kS);
-  float* c = reinterpret_cast<float*>(p + kP);
+  uint16_t* p_lo = p + kP;
+  float* c = reinterpret_cast<float*>(p_lo + kP);
 };
 
 // the chunk's K as B tiles (pairs of dims x tokens) and V as B tiles (token pairs x dims, interleaved);
@@ -121,10 +123,11 @@ void attend_chunk_amx(const c10::BFloat16* qa, int Q, const int64_t* limit, int6
   const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), scv = _mm512_set1_ps(scale);
   for (int q0 = 0; q0 < Q; q0 += 16) {
     const int Qp = std::min(16, Q - q0);
-    for (int t = 0; t < 4; ++t) tiles.set(t, Qp, 64);  // outputs: scores (16 tokens), P V (16 dims)
+    for (int t : {0, 1, 3}) tiles.set(t, Qp, 64);  // outputs: scores (16 tokens), P V (16 dims)
+    tiles.set(2, Qp, 64);                                // weights' rest (32 tokens)
     tiles.set(4, Qp, 2 * S::DC);                         // queries
     tiles.set(5, S::DC / 2, 64);                         // K^T
-    tiles.set(6, Qp, 64);                                // weights (32 tokens)
+    tiles.set(6, Qp, 64);                                // weights' high part (32 tokens)
     tiles.set(7, 16, 64);                                // V pairs
     tiles.load();
     for (int b = 0; b < blocks; b += 2) {  // S = Q K^T, 32 tokens a pass
@@ -150,59 +153,73 @@ void attend_chunk_amx(const c10::BFloat16* qa, int Q, const int64_t* limit, int6
       live[i] = static_cast<int>(std::clamp<int64_t>(limit[q] - t0, 0, n));
       float* s = sc.s + size_t(i) * kChunk;
       uint16_t* p = sc.p + size_t(i) * kChunk;
+      uint16_t* pl = sc.p_lo + size_t(i) * kChunk;
       const int nl = live[i];
+      const auto first = [](int left) {  // lanes of a 16-token vector that hold tokens the query sees
+        return left >= 16 ? __mmask16(0xffff) : left <= 0 ? __mmask16(0) : static_cast<__mmask16>((1u << left) - 1);
+      };
       __m512 mx = ninf;
-      for (int j = 0; j < nl; j += 16) {
-        const __mmask16 m = nl - j >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (nl - j)) - 1);
-        const __m512 x = _mm512_mask_mul_ps(ninf, m, _mm512_loadu_ps(s + j), scv);
-        _mm512_storeu_ps(s + j, x);
-        mx = _mm512_max_ps(mx, x);
-      }
+      for (int j = 0; j < nl; j += 16) mx = _mm512_mask_max_ps(mx, first(nl - j), mx, _mm512_loadu_ps(s + j));
       int j = 0;
       if (nl) {
-        const float m_old = *out.m[q], m_new = std::max(m_old, _mm512_reduce_max_ps(mx));
-        const __m512 mv = _mm512_set1_ps(m_new);
+        // the largest scaled score: the largest score scaled (scale > 0 keeps the order, rounding too)
+        const float m_old = *out.m[q], m_new = std::max(m_old, _mm512_reduce_max_ps(mx) * scale);
+        const __m512 mv = _mm512_set1_ps(m_new), top = _mm512_castsi512_ps(_mm512_set1_epi32(int32_t(0xffff0000u)));
         __m512 sum = _mm512_setzero_ps();
-        for (; j < nl; j += 16) {
-          const __m256bh w = _mm512_cvtneps_pbh(exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv)));
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)w);
-          sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(
-                                       _mm512_cvtepu16_epi32((__m256i)w), 16)));
+        for (; j < nl; j += 32) {  // w = hi + lo, both bf16 (hi: w's top 16 bits): 16 bits of w, not bf16's 8
+          const __m512 w0 = _mm512_maskz_mov_ps(first(nl - j), exp_nonpositive(
+                                                    _mm512_fmsub_ps(_mm512_loadu_ps(s + j), scv, mv)));
+          const __m512 w1 = _mm512_maskz_mov_ps(first(nl - j - 16), exp_nonpositive(
+                                                    _mm512_fmsub_ps(_mm512_loadu_ps(s + j + 16), scv, mv)));
+          const __m512 h0 = _mm512_and_ps(w0, top), h1 = _mm512_and_ps(w1, top);
+          _mm512_storeu_si512(p + j, (__m512i)_mm512_cvtne2ps_pbh(h1, h0));  // exact: h is a bf16 value
+          _mm512_storeu_si512(pl + j, (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(w1, h1), _mm512_sub_ps(w0, h0)));
+          sum = _mm512_add_ps(sum, _mm512_add_ps(w0, w1));
         }
         fix[i] = m_old == -std::numeric_limits<float>::infinity() ? 0.f : exp_nonpositive(m_old - m_new);
         *out.m[q] = m_new;
         *out.l[q] = *out.l[q] * fix[i] + _mm512_reduce_add_ps(sum);
       }
-      for (; j < slices * 32; j += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), _mm256_setzero_si256());
+      for (; j < slices * 32; j += 32) {
+        _mm512_storeu_si512(p + j, _mm512_setzero_si512());
+        _mm512_storeu_si512(pl + j, _mm512_setzero_si512());
+      }
     }
-    for (int d0 = 0; d0 < S::VC; d0 += 4) {  // P V: up to 4 output tiles a pass over the weights
+    // P V = P_hi V + P_lo V, up to 4 output tiles a pass over the weights: 0, 1, 3 and 4 (the queries'
+    // tile, the same shape where D >= 32; D 16 has one output tile)
+    for (int d0 = 0; d0 < S::VC; d0 += 4) {
       const int nt = std::min(4, S::VC - d0);
       _tile_zero(0);
       if (nt > 1) _tile_zero(1);
-      if (nt > 2) _tile_zero(2);
-      if (nt > 3) _tile_zero(3);
+      if (nt > 2) _tile_zero(3);
+      if (nt > 3) _tile_zero(4);
       for (int s = 0; s < slices; ++s) {
         _tile_loadd(6, sc.p + s * 32, 2 * kChunk);
+        _tile_loadd(2, sc.p_lo + s * 32, 2 * kChunk);
         const uint16_t* vs = sc.vp + (size_t(s) * S::VC + d0) * 16 * 32;
         _tile_loadd(7, vs, 64);
         _tile_dpbf16ps(0, 6, 7);
+        _tile_dpbf16ps(0, 2, 7);
         if (nt > 1) {
           _tile_loadd(7, vs + 16 * 32, 64);
           _tile_dpbf16ps(1, 6, 7);
+          _tile_dpbf16ps(1, 2, 7);
         }
         if (nt > 2) {
           _tile_loadd(7, vs + 2 * 16 * 32, 64);
-          _tile_dpbf16ps(2, 6, 7);
+          _tile_dpbf16ps(3, 6, 7);
+          _tile_dpbf16ps(3, 2, 7);
         }
         if (nt > 3) {
           _tile_loadd(7, vs + 3 * 16 * 32, 64);
-          _tile_dpbf16ps(3, 6, 7);
+          _tile_dpbf16ps(4, 6, 7);
+          _tile_dpbf16ps(4, 2, 7);
         }
       }
       _tile_stored(0, sc.c + d0 * 16, 4 * D);
       if (nt > 1) _tile_stored(1, sc.c + (d0 + 1) * 16, 4 * D);
-      if (nt > 2) _tile_stored(2, sc.c + (d0 + 2) * 16, 4 * D);
-      if (nt > 3) _tile_stored(3, sc.c + (d0 + 3) * 16, 4 * D);
+      if (nt > 2) _tile_stored(3, sc.c + (d0 + 2) * 16, 4 * D);
+      if (nt > 3) _tile_stored(4, sc.c + (d0 + 3) * 16, 4 * D);
     }
     for (int i = 0; i < Qp; ++i) {  // acc = acc * fix + P V; a query that saw none of the chunk keeps its state
       if (!live[i]) continue;
