@@ -138,7 +138,7 @@ inline void block_accumulate(const float* p, const float* const* rows, int n, fl
 
 #if KVSTRATA_AVX512
 // block_accumulate for NQ queries at once over the same n rows (a verify group's queries): acc[i] +=
-// sum_j p[j * sj + i * si] * rows[j], each row loaded once for all of them, and NQ x D / 16 independent sums
+// sum_j p[i * kBlock + j] * rows[j], each row loaded once for all of them, and NQ x D / 16 independent sums
 // where one query's D / 16 waited on the FMA latency token after token. A query's sums take the same FMAs
 // in the same order whatever NQ: the same bits. p: query-major weights, kBlock a query.
 template <int D, int NQ>
