@@ -1,7 +1,7 @@
 """What a decode or verify step's quantized linears cost by row count, offline: `int_dot_linear`
 (kvstrata/model/csrc/int_dot_linear.cpp) on random q4 weights of SmolLM2's shapes (fused q/k/v 960 x 576,
 o 576 x 576, fused gate/up 3072 x 576, down 576 x 1536), 16-bit activations, 30 layers a step; the median
-of 15 timed steps after 3 untimed. Calls of 4 rows or more take the AMX form where the CPU has it, fewer
+of 15 timed steps after 2 untimed. Calls of 4 rows or more take the AMX form where the CPU has it, fewer
 the VNNI/AVX2 one (`torch.ops.kvstrata.int_dot_isa()` says which this build runs).
 
     .venv/bin/python bench/linear_rows.py [--rows 1,4,8,16]
@@ -9,9 +9,7 @@ the VNNI/AVX2 one (`torch.ops.kvstrata.int_dot_isa()` says which this build runs
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 import torch
 
@@ -19,6 +17,7 @@ sys.path.insert(0, ".")
 from kvstrata.model import cpu_kernels  # noqa: E402
 from kvstrata.model.quant import int_dot  # noqa: E402
 from kvstrata.model.quant.blocks import IntWeight  # noqa: E402
+from verify_rows import timed  # noqa: E402  (bench/, this script's folder: median ms after two untimed runs)
 
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # (out, in) of a SmolLM2 layer's linears
 
@@ -38,15 +37,7 @@ def step_ms(rows: int, weights: list[torch.Tensor], layers: int = 30) -> float:
             for (_, k), w in zip(SHAPES, weights):
                 int_dot.linear(xs[k], [w], 16)
 
-    for _ in range(3):
-        step()
-    times = []
-    for _ in range(15):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
-
+    return timed(step, 15)
 
 def main() -> None:
     ap = argparse.ArgumentParser()

@@ -12,14 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 
-
-def percentile(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    k = (len(xs) - 1) * p
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+sys.path.insert(0, ".")
+from kvstrata.bench.report import percentile  # noqa: E402  (linear interpolation between ranks)
 
 
 def later_round_ttfts(paths: list[str]) -> dict[str, list[float]]:
@@ -36,8 +32,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("reports", nargs="+", help="multiround compare JSON reports")
     for engine, xs in later_round_ttfts(ap.parse_args().reports).items():
-        print(f"{engine}: {len(xs)} later-round requests, TTFT p50 {percentile(xs, 0.5):.3f} s, mean "
-              f"{statistics.mean(xs):.3f}, p90 {percentile(xs, 0.9):.3f}, p99 {percentile(xs, 0.99):.3f}")
+        print(f"{engine}: {len(xs)} later-round requests, TTFT p50 {percentile(xs, 50):.3f} s, mean "
+              f"{statistics.mean(xs):.3f}, p90 {percentile(xs, 90):.3f}, p99 {percentile(xs, 99):.3f}")
 
 
 if __name__ == "__main__":
