@@ -134,6 +134,7 @@ def _uvicorn_config(
         build_gateway_app(gateway, server_cfg, keys, lifecycle), host=server_cfg.host, port=server_cfg.port,
         log_level=server_cfg.log_level, timeout_graceful_shutdown=5, lifespan="on",
         http=JsonErrorH11Protocol, h11_max_incomplete_event_size=PARSER_BUFFER_BYTES,
+        ws="none",  # as the rank's (kvstrata/serving/server.py): HTTP only
     )
 
 

@@ -7,6 +7,8 @@ answer. `JsonErrorH11Protocol` answers 431 when the headers outgrew the parser's
 otherwise, both as `{"error": {...}}`, then closes lingeringly: it half-closes, discards what
 still arrives, and drops the connection `LINGER_S` later (what nginx's lingering_close does).
 Headers under the buffer but over `limits.MAX_HEADER_BYTES` reach the app and get their 431 there.
+The servers load no WebSocket protocol (`ws="none"`): an `Upgrade` request is served as the plain
+HTTP request it also is, logged at debug level (uvicorn warns twice a request, a log flood to order).
 """
 from __future__ import annotations
 
@@ -32,6 +34,9 @@ class JsonErrorH11Protocol(H11Protocol):
         if self._rejected:  # after an error answer: read and drop, so the client sees no reset
             return
         super().data_received(data)
+
+    def _unsupported_upgrade_warning(self) -> None:
+        logger.debug("upgrade_ignored client=%s", self.client)
 
     def send_400_response(self, msg: str) -> None:
         pending, _ = self.conn.trailing_data

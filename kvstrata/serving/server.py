@@ -56,6 +56,7 @@ def _uvicorn_config(state: ServerState) -> uvicorn.Config:
         build_app(state), host=cfg.host, port=cfg.port, log_level=cfg.log_level,
         timeout_graceful_shutdown=1, lifespan="off",  # shutdown.py drains before this
         http=JsonErrorH11Protocol, h11_max_incomplete_event_size=PARSER_BUFFER_BYTES,  # JSON 400/431 beyond
+        ws="none",  # no WebSocket route: an Upgrade is answered as plain HTTP, and no WebSocket library loads
     )
 
 

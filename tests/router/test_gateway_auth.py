@@ -81,6 +81,14 @@ def test_the_gateway_refuses_missing_and_wrong_keys(http: httpx.Client) -> None:
     assert http.get("/health").status_code == 200  # open, as on a rank
 
 
+def test_an_upgrade_is_served_as_plain_http(http: httpx.Client) -> None:
+    """As on a rank (tests/serving/test_malformed.py): no WebSocket protocol, the request is answered."""
+    ws = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+          "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+    assert http.get("/health", headers=ws).status_code == 200
+    assert_401(http.get("/v1/models", headers=ws))
+
+
 def test_a_good_key_reaches_a_rank(http: httpx.Client) -> None:
     resp = complete(http, ALICE, "hello there")
     assert resp.status_code == 200, resp.text

@@ -253,6 +253,17 @@ def test_malformed_http_gets_a_json_4xx(base_url: str, request_bytes: bytes, sta
     check_error(got, headers, body, status, None)
 
 
+@pytest.mark.parametrize("upgrade", [b"websocket", b"h2c"])
+def test_an_upgrade_is_served_as_plain_http(base_url: str, upgrade: bytes) -> None:
+    """No WebSocket route and no WebSocket library loaded: the request is answered, never switched."""
+    head = (b"Connection: Upgrade\r\nUpgrade: " + upgrade + b"\r\nSec-WebSocket-Version: 13\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n")
+    status, _, body = raw(base_url, b"GET /health HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n")
+    assert status == 200, body
+    status, headers, body = raw(base_url, post(C, b'{"prompt": "hi", "max_tokens": -1}', extra=head))
+    check_error(status, headers, body, 400, "max_tokens")
+
+
 def test_accepted_on_purpose(base_url: str) -> None:
     """Not errors: unknown fields, a missing model, and a duplicate key whose last value is valid."""
     with httpx.Client(base_url=base_url, timeout=30) as http:
