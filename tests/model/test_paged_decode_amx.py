@@ -37,7 +37,8 @@ def test_a_verify_group_matches_dense_attention_and_each_row_alone(dim: int, fir
                                                                     page_size: int) -> None:
     # 256: the first row ends at a span boundary (256 tokens), so it sees none of the next span; 250 + 21:
     # rows end on both sides of it and of a 32-token block; 21 rows x 3 heads = 63 queries (4 tile passes)
-    heads, kv_heads = (9, 3) if dim <= 64 else (4, 2)
+    heads, kv_heads = (9, 3) if dim <= 64 else (8, 2)  # 16 rows: 48 or 64 queries (K^T), one row: 3 or 4 (scores
+    # transposed, paged_decode_amx.h), so a row alone and in its group take the two ways at head sizes 64 and 128
     q, k, v, pages, lens = group(first, rows, heads, kv_heads, dim, page_size, seed=dim + first)
     got = cpu_kernels.paged_decode(q, k, v, pages, lens, page_size)
     mask = (torch.arange(pages.shape[1] * page_size)[None, :] < lens[:, None])[:, None, None, :]

@@ -9,11 +9,12 @@
 //   K^T: the chunk's K rows turned to pairs of dims x 16 tokens (16x16 transposes of 32-bit pairs), and
 //   V:   its token pairs interleaved (a B tile row: dims d..d+15 of tokens 2i and 2i + 1), both made once
 //        for all of the item's queries;
-//   per 16 queries: scores S = Q K^T (query-major, D / 32 tdpbf16ps a 16-token block), the chunk's max
-//   and exp a query row at a time (one rescale a chunk, not a block), each weight split into a bf16 high
-//   part and a bf16 rest (16 bits of it: weights rounded to bf16 alone, as GPU flash attention feeds its
-//   PV product, took SmolLM2's bf16 greedy output from float32's in 4 more of 24 prompts), and
-//   P V = P_hi V + P_lo V on tiles into float32.
+//   per 16 queries: scores S = Q K^T (query-major, D / 32 tdpbf16ps a 16-token block; or, for a few
+//   queries of a wide head, S^T = K Q^T off the K rows in place, transposed: scores_transposed), the
+//   chunk's max and exp a query row at a time (one rescale a chunk, not a block), each weight split into
+//   a bf16 high part and a bf16 rest (16 bits of it: weights rounded to bf16 alone, as GPU flash
+//   attention feeds its PV product, took SmolLM2's bf16 greedy output from float32's in 4 more of 24
+//   prompts), and P V = P_hi V + P_lo V on tiles into float32.
 // Every product is exact in float32 (bf16 x bf16) and each output row of a tile depends on its own A row
 // alone, summed by the same instruction sequence whatever the other queries, so a query's bits do not
 // depend on the step it is in (engine/spec/: greedy output the same with drafts). A verify row's tail
@@ -61,27 +62,60 @@ struct SpanScratch {
   static constexpr size_t kS = size_t(16) * kChunk;                 // float: [query][token]
   static constexpr size_t kP = size_t(16) * kChunk;                 // bf16: [query][token], a high part and the rest
   static constexpr size_t kC = size_t(16) * D;                      // float: [query][dim]
-  std::unique_ptr<uint8_t[]> raw{new uint8_t[4 * kKt + 2 * kVp + 4 * kS + 4 * kP + 4 * kC + 64]};
+  static constexpr size_t kQt = size_t(kMaxQueries / 16) * KC * 16 * 16;  // uint32: [16 queries][KC][pair][query]
+  static constexpr size_t kKb = size_t(16) * D;                     // bf16: a block's K rows gathered
+  static constexpr size_t kSt = 16 * 16;                            // float: a block's scores, [token][query]
+  std::unique_ptr<uint8_t[]> raw{
+      new uint8_t[4 * kKt + 2 * kVp + 4 * kS + 4 * kP + 4 * kC + 4 * kQt + 2 * kKb + 4 * kSt + 64]};
   uint32_t* kt = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(raw.get()) + 63) & ~uintptr_t(63));
   uint16_t* vp = reinterpret_cast<uint16_t*>(kt + kKt);
   float* s = reinterpret_cast<float*>(vp + kVp);
   uint16_t* p = reinterpret_cast<uint16_t*>(s + kS);
   uint16_t* p_lo = p + kP;
   float* c = reinterpret_cast<float*>(p_lo + kP);
+  uint32_t* qt = reinterpret_cast<uint32_t*>(c + kC);
+  float* st = reinterpret_cast<float*>(qt + kQt);
+  uint16_t* kb = reinterpret_cast<uint16_t*>(st + kSt);
 };
+
+// Which way a span's scores are made (the same bits either way: a tile element sums the same products of
+// the same bf16 pairs in the same order whichever operand is A). K^T: the chunk's K rows transposed once
+// for all the item's queries, KC transposes a 16-token block. Scores transposed: K rows are A tiles read in
+// place and the queries, transposed once a span, the B tile; each 16-token block's 16 x 16 scores are then
+// transposed, one transpose a block a 16 queries. The second where the queries are few and the head wide
+// (a one-row step at head size 128: 1 transpose a block, not 4).
+template <int D>
+constexpr bool scores_transposed(int Q) {
+  return SpanScratch<D>::DC == 32 && (Q + 15) / 16 < SpanScratch<D>::KC;
+}
+
+// the queries' bf16 pairs as B tiles, 16 queries a tile (zeros past Q): [group][c][pair][query]
+template <int D>
+void queries_t(const c10::BFloat16* qa, int Q, SpanScratch<D>& sc) {
+  using S = SpanScratch<D>;
+  for (int g = 0; g * 16 < Q; ++g) {
+    for (int c = 0; c < S::KC; ++c) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = g * 16 + i < Q ? _mm512_loadu_si512(qa + size_t(g * 16 + i) * D + c * S::DC) : _mm512_setzero_si512();
+      transpose16(r);
+      for (int p = 0; p < 16; ++p) _mm512_store_si512(sc.qt + ((size_t(g) * S::KC + c) * 16 + p) * 16, r[p]);
+    }
+  }
+}
 
 // the chunk's K as B tiles (pairs of dims x tokens) and V as B tiles (token pairs x dims, interleaved);
 // tokens past n are zeros
 template <int D>
 void chunk_kv(const c10::BFloat16* k, const c10::BFloat16* v, int64_t stride, const int64_t* pages, int64_t page_size,
-              int64_t t0, int n, SpanScratch<D>& sc) {
+              int64_t t0, int n, bool kt, SpanScratch<D>& sc) {
   using S = SpanScratch<D>;
   const __mmask16 pairs = static_cast<__mmask16>((1u << (S::DC / 2)) - 1);
   const auto row = [&](const c10::BFloat16* cache, int j) {
     const int64_t t = t0 + j;
     return cache + (pages[t / page_size] * page_size + t % page_size) * stride;
   };
-  for (int b = 0; b * 16 < n; ++b) {
+  for (int b = 0; kt && b * 16 < n; ++b) {
     for (int c = 0; c < S::KC; ++c) {
       __m512i r[16];
       for (int i = 0; i < 16; ++i)
@@ -116,7 +150,8 @@ void chunk_kv(const c10::BFloat16* k, const c10::BFloat16* v, int64_t stride, co
 // Q queries (qa: [Q, D] bf16 rows) over tokens [t0, t0 + n) of one KV head (n <= kChunk; chunk_kv made
 // its tiles), on top of out; query q sees the tokens before limit[q]
 template <int D>
-void attend_chunk_amx(const c10::BFloat16* qa, int Q, const int64_t* limit, int64_t t0, int n, float scale,
+void attend_chunk_amx(const c10::BFloat16* qa, int Q, const int64_t* limit, const c10::BFloat16* k, int64_t stride,
+                      const int64_t* pages, int64_t page_size, int64_t t0, int n, bool kt, float scale,
                       const Partial& out, SpanScratch<D>& sc, kvstrata::TileShapes& tiles) {
   using S = SpanScratch<D>;
   const int blocks = (n + 15) / 16, slices = (n + 31) / 32;
@@ -125,12 +160,39 @@ void attend_chunk_amx(const c10::BFloat16* qa, int Q, const int64_t* limit, int6
     const int Qp = std::min(16, Q - q0);
     for (int t : {0, 1, 3}) tiles.set(t, Qp, 64);  // outputs: scores (16 tokens), P V (16 dims)
     tiles.set(2, Qp, 64);                                // weights' rest (32 tokens)
-    tiles.set(4, Qp, 2 * S::DC);                         // queries
-    tiles.set(5, S::DC / 2, 64);                         // K^T
+    tiles.set(4, kt ? Qp : 16, kt ? 2 * S::DC : 64);     // queries (K^T), or a block's scores (transposed)
+    tiles.set(5, S::DC / 2, 64);                         // K^T, or the queries' pairs
     tiles.set(6, Qp, 64);                                // weights' high part (32 tokens)
-    tiles.set(7, 16, 64);                                // V pairs
+    tiles.set(7, 16, 64);                                // V pairs, or a block's K rows
     tiles.load();
-    for (int b = 0; b < blocks; b += 2) {  // S = Q K^T, 32 tokens a pass
+    for (int b = 0; !kt && b < blocks; ++b) {  // S^T = K Q^T a block at a time, transposed into S
+      const int64_t t = t0 + b * 16;
+      const c10::BFloat16* rows = k + (pages[t / page_size] * page_size + t % page_size) * stride;
+      int64_t rs = stride;
+      if (t % page_size + 16 > page_size) {  // the block spans pages: its rows gathered (zeros past n)
+        for (int j = 0; j < 16; ++j) {
+          const int64_t u = t + j;
+          if (b * 16 + j < n)
+            std::memcpy(sc.kb + size_t(j) * D, k + (pages[u / page_size] * page_size + u % page_size) * stride, 2 * D);
+          else
+            std::memset(sc.kb + size_t(j) * D, 0, 2 * D);
+        }
+        rows = reinterpret_cast<const c10::BFloat16*>(sc.kb);
+        rs = D;
+      }  // else in place; rows past n are slots of the block's page, their scores masked below
+      _tile_zero(4);
+      for (int c = 0; c < S::KC; ++c) {
+        _tile_loadd(7, rows + c * S::DC, 2 * rs);
+        _tile_loadd(5, sc.qt + (size_t(q0 / 16) * S::KC + c) * 256, 64);
+        _tile_dpbf16ps(4, 7, 5);
+      }
+      _tile_stored(4, sc.st, 64);
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(sc.st + i * 16);
+      transpose16(r);
+      for (int i = 0; i < Qp; ++i) _mm512_storeu_si512(sc.s + size_t(i) * kChunk + b * 16, r[i]);
+    }
+    for (int b = 0; kt && b < blocks; b += 2) {  // S = Q K^T, 32 tokens a pass
       const bool two = b + 1 < blocks;
       _tile_zero(0);
       _tile_zero(1);
@@ -186,9 +248,10 @@ void attend_chunk_amx(const c10::BFloat16* qa, int Q, const int64_t* limit, int6
       }
     }
     // P V = P_hi V + P_lo V, up to 4 output tiles a pass over the weights: 0, 1, 3 and 4 (the queries'
-    // tile, the same shape where D >= 32; D 16 has one output tile)
-    for (int d0 = 0; d0 < S::VC; d0 += 4) {
-      const int nt = std::min(4, S::VC - d0);
+    // tile, the same shape where D >= 32; D 16 has one output tile; 3 a pass where tile 4 holds scores)
+    const int per_pass = kt ? 4 : 3;
+    for (int d0 = 0; d0 < S::VC; d0 += per_pass) {
+      const int nt = std::min(per_pass, S::VC - d0);
       _tile_zero(0);
       if (nt > 1) _tile_zero(1);
       if (nt > 2) _tile_zero(3);
@@ -238,10 +301,12 @@ template <int D>
 void attend_span_amx(const c10::BFloat16* qa, int Q, const int64_t* limit, const c10::BFloat16* k,
                      const c10::BFloat16* v, int64_t stride, const int64_t* pages, int64_t page_size, int64_t begin,
                      int64_t end, float scale, const Partial& out, SpanScratch<D>& sc, kvstrata::TileShapes& tiles) {
+  const bool kt = !scores_transposed<D>(Q);
+  if (!kt) queries_t<D>(qa, Q, sc);
   for (int64_t t0 = begin; t0 < end; t0 += kChunk) {
     const int n = static_cast<int>(std::min<int64_t>(kChunk, end - t0));
-    chunk_kv<D>(k, v, stride, pages, page_size, t0, n, sc);
-    attend_chunk_amx<D>(qa, Q, limit, t0, n, scale, out, sc, tiles);
+    chunk_kv<D>(k, v, stride, pages, page_size, t0, n, kt, sc);
+    attend_chunk_amx<D>(qa, Q, limit, k, stride, pages, page_size, t0, n, kt, scale, out, sc, tiles);
   }
 }
 
