@@ -347,7 +347,8 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
   constexpr bool amx = false;
 #endif
   at::parallel_for(0, num_groups * splits * head_sets, 1, [&](int64_t first, int64_t last) {
-    std::unique_ptr<float[]> qf(new float[max_heads * max_q * D]);  // per head of the item: its Q query rows
+    // per head of the item: its Q query rows in float32, scaled (the FMA form; the AMX form reads the bf16 rows)
+    std::unique_ptr<float[]> qf(amx ? nullptr : new float[max_heads * max_q * D]);
     std::vector<Partial> parts(max_heads);
     int64_t limit[kMaxQueries];
 #if KVSTRATA_AMX_BF16
@@ -368,7 +369,6 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
       for (int q = 0; q < Q; ++q) limit[q] = lens_p[b0 + q / G];
       for (int64_t h = h0; h < h1; ++h) {
         Partial& part = parts[h - h0];
-        float* qh_f = qf.get() + (h - h0) * max_q * D;
         for (int q = 0; q < Q; ++q) {
           const int64_t b = b0 + q / G, base = ((b * Hkv + h) * splits + sp) * G + q % G;
           part.acc[q] = acc.get() + base * D;
@@ -383,7 +383,8 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
             }
           }
 #endif
-          for (int d = 0; d < D; ++d) qh_f[q * D + d] = to_float(qh[d]) * scale;
+          float* qh_f = qf.get() + ((h - h0) * max_q + q) * D;
+          for (int d = 0; d < D; ++d) qh_f[d] = to_float(qh[d]) * scale;
         }
         start_partial<D>(Q, part);
       }
