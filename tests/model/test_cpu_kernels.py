@@ -212,6 +212,13 @@ def test_build_tag_follows_the_source(tmp_path) -> None:
     assert cpu_kernels.build_tag((other, *cpu_kernels.SOURCES[1:])) != cpu_kernels.build_tag()
 
 
+def test_every_source_and_header_is_in_the_build_tag() -> None:
+    # a header left out of HEADERS would leave an edit of it unbuilt: the cached library of the old tag loads
+    csrc = cpu_kernels.SOURCES[0].parent
+    assert set(cpu_kernels.SOURCES) == set(csrc.glob("*.cpp"))
+    assert set(cpu_kernels.HEADERS) == set(csrc.glob("*.h"))
+
+
 
 def test_a_lock_left_by_a_killed_build_does_not_hang_the_next() -> None:
     """torch's build lock is a plain file; one left by a builder killed mid-build made every later
