@@ -62,7 +62,7 @@ struct SpanScratch {
   static constexpr size_t kS = size_t(16) * kChunk;                 // float: [query][token]
   static constexpr size_t kP = size_t(16) * kChunk;                 // bf16: [query][token], a high part and the rest
   static constexpr size_t kC = size_t(16) * D;                      // float: [query][dim]
-  static constexpr size_t kQt = size_t(kMaxQueries / 16) * KC * 16 * 16;  // uint32: [16 queries][KC][pair][query]
+  static constexpr size_t kQt = size_t(kMaxQueries / 16) * KC * 16 * 16;  // uint32: [16-query group][KC][pair][query]
   static constexpr size_t kKb = size_t(16) * D;                     // bf16: a block's K rows gathered
   static constexpr size_t kSt = 16 * 16;                            // float: a block's scores, [token][query]
   std::unique_ptr<uint8_t[]> raw{
