@@ -69,7 +69,7 @@ def main() -> None:
                 print(f"context {ctx}, {r} rows: one request's rows {grouped:.2f} ms a step (median of {a.repeat} "
                       f"{runs[len(runs) // 2]:.2f}; {a.shape}, {layers} layers, {a.dtype})")
                 continue
-            own = min(step_ms(ctx, r, False, **shape), step_ms(ctx, r, False, **shape))
+            own = min(step_ms(ctx, r, False, **shape) for _ in range(a.repeat))
             print(f"context {ctx}, {r} rows: each row its own pages {own:.2f} ms, one request's rows {grouped:.2f} ms "
                   f"a step ({a.shape}, {layers} layers, {a.dtype})")
 

@@ -39,6 +39,7 @@ def step_ms(rows: int, weights: list[torch.Tensor], layers: int = 30) -> float:
 
     return timed(step, 15)
 
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,4,8,16")

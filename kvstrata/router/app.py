@@ -33,8 +33,8 @@ from kvstrata.router.gateway import Gateway
 from kvstrata.serving.auth import ApiKeys, AuthMiddleware, request_tenant
 from kvstrata.serving.dashboard import install_dashboard_route
 from kvstrata.serving.errors import install_error_handlers
-from kvstrata.serving.http_protocol import JsonErrorH11Protocol
-from kvstrata.serving.limits import PARSER_BUFFER_BYTES, RequestLimitsMiddleware
+from kvstrata.serving.http_protocol import protocol_settings
+from kvstrata.serving.limits import RequestLimitsMiddleware
 from kvstrata.metrics.rank import CONTENT_TYPE
 from kvstrata.serving.response_cache.service import CacheHeaderOnErrors
 from kvstrata.serving.server import UvicornThread
@@ -133,8 +133,7 @@ def _uvicorn_config(
     return uvicorn.Config(
         build_gateway_app(gateway, server_cfg, keys, lifecycle), host=server_cfg.host, port=server_cfg.port,
         log_level=server_cfg.log_level, timeout_graceful_shutdown=5, lifespan="on",
-        http=JsonErrorH11Protocol, h11_max_incomplete_event_size=PARSER_BUFFER_BYTES,
-        ws="none",  # as the rank's (kvstrata/serving/server.py): HTTP only
+        **protocol_settings(),
     )
 
 

@@ -15,15 +15,24 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from kvstrata.serving.errors import error_body
+from kvstrata.serving.limits import PARSER_BUFFER_BYTES
 
 logger = logging.getLogger(__name__)
 LINGER_S = 2.0
 DEFAULT_MAX_INCOMPLETE_EVENT_SIZE = 16 * 1024  # h11's own default
+
+
+def protocol_settings() -> dict[str, Any]:
+    """uvicorn.Config's protocol arguments for the rank and the gateway alike: this h11 protocol with the
+    parser buffer `limits` sizes (JSON 400/431 beyond it), and no WebSocket protocol (no route needs one, so
+    no WebSocket library loads)."""
+    return {"http": JsonErrorH11Protocol, "h11_max_incomplete_event_size": PARSER_BUFFER_BYTES, "ws": "none"}
 
 
 class JsonErrorH11Protocol(H11Protocol):

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 import uvicorn
 
 from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig, ServerConfig
-from kvstrata.serving.http_protocol import JsonErrorH11Protocol
-from kvstrata.serving.limits import PARSER_BUFFER_BYTES
+from kvstrata.serving.http_protocol import protocol_settings
 from kvstrata.serving.openai_api import build_app
 from kvstrata.serving.shutdown import DrainingServer, drain_then_stop, watch_engine
 from kvstrata.serving.state import ServerState
@@ -55,8 +54,7 @@ def _uvicorn_config(state: ServerState) -> uvicorn.Config:
     return uvicorn.Config(
         build_app(state), host=cfg.host, port=cfg.port, log_level=cfg.log_level,
         timeout_graceful_shutdown=1, lifespan="off",  # shutdown.py drains before this
-        http=JsonErrorH11Protocol, h11_max_incomplete_event_size=PARSER_BUFFER_BYTES,  # JSON 400/431 beyond
-        ws="none",  # no WebSocket route: an Upgrade is answered as plain HTTP, and no WebSocket library loads
+        **protocol_settings(),
     )
 
 

@@ -111,10 +111,7 @@ void chunk_kv(const c10::BFloat16* k, const c10::BFloat16* v, int64_t stride, co
               int64_t t0, int n, bool kt, SpanScratch<D>& sc) {
   using S = SpanScratch<D>;
   const __mmask16 pairs = static_cast<__mmask16>((1u << (S::DC / 2)) - 1);
-  const auto row = [&](const c10::BFloat16* cache, int j) {
-    const int64_t t = t0 + j;
-    return cache + (pages[t / page_size] * page_size + t % page_size) * stride;
-  };
+  const auto row = [&](const c10::BFloat16* cache, int j) { return slot_row(cache, pages, page_size, stride, t0 + j); };
   for (int b = 0; kt && b * 16 < n; ++b) {
     for (int c = 0; c < S::KC; ++c) {
       __m512i r[16];
@@ -167,13 +164,12 @@ void attend_chunk_amx(const c10::BFloat16* qa, int Q, const int64_t* limit, cons
     tiles.load();
     for (int b = 0; !kt && b < blocks; ++b) {  // S^T = K Q^T a block at a time, transposed into S
       const int64_t t = t0 + b * 16;
-      const c10::BFloat16* rows = k + (pages[t / page_size] * page_size + t % page_size) * stride;
+      const c10::BFloat16* rows = slot_row(k, pages, page_size, stride, t);
       int64_t rs = stride;
       if (t % page_size + 16 > page_size) {  // the block spans pages: its rows gathered (zeros past n)
         for (int j = 0; j < 16; ++j) {
-          const int64_t u = t + j;
           if (b * 16 + j < n)
-            std::memcpy(sc.kb + size_t(j) * D, k + (pages[u / page_size] * page_size + u % page_size) * stride, 2 * D);
+            std::memcpy(sc.kb + size_t(j) * D, slot_row(k, pages, page_size, stride, t + j), 2 * D);
           else
             std::memset(sc.kb + size_t(j) * D, 0, 2 * D);
         }

@@ -17,12 +17,19 @@ inline float to_float(c10::BFloat16 x) {  // the high half of a float: a shift t
   return f;
 }
 
+// token t's row (one KV head) of a paged cache: its page's slot, rows `stride` values apart
+template <typename scalar_t>
+inline const scalar_t* slot_row(const scalar_t* cache, const int64_t* pages, int64_t page_size, int64_t stride,
+                                int64_t t) {
+  return cache + (pages[t / page_size] * page_size + t % page_size) * stride;
+}
+
 // token t's row (one KV head, D values) of a paged cache, as floats: in place for a float cache, else
 // converted into buf
 template <typename scalar_t, int D>
 inline const float* load_row(const scalar_t* cache, const int64_t* pages, int64_t page_size, int64_t stride,
                              int64_t t, float* buf) {
-  const scalar_t* row = cache + (pages[t / page_size] * page_size + t % page_size) * stride;
+  const scalar_t* row = slot_row(cache, pages, page_size, stride, t);
   if constexpr (std::is_same_v<scalar_t, float>) {
     return row;
   } else {
