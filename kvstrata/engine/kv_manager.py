@@ -142,14 +142,29 @@ class KVCacheManager:
         if full <= shared:
             return
         assert req.cache_node is not None, "commit() before admit()"
-        tokens = req.token_ids[shared * ps : full * ps]
-        cls = insert_class(self.cache.policy, req.params.retention, req.stats.cached_tokens, req.num_prompt_tokens)
-        until = now() + RETENTION_S.get(req.params.retention, 0.0) if cls == RETAINED else 0.0
-        if cls != PROBATION:  # the prefix this request matched is kept at its class too
-            self.cache.raise_class(req.cache_node, cls, until)
-        extra = req.params.extra_key
-        duplicates, m = self.cache.extend(req.cache_node, tokens, req.pages[shared:full], extra, cls, until)
-        assert len(m.pages) == full - shared, (len(m.pages), full - shared)
+        p, cached, prompt = req.params, req.stats.cached_tokens, req.num_prompt_tokens
+        cls = insert_class(self.cache.policy, p.retention, cached, prompt)
+        until = now() + RETENTION_S.get(p.retention, 0.0) if cls == RETAINED else 0.0
+        # a cache_control breakpoint retains the pages before it only; those after get the class of no retention
+        edge = p.retain_tokens // ps if cls == RETAINED and p.retain_tokens else full
+        if cls != PROBATION:  # the prefix this request matched is kept at its class too (up to the edge)
+            node = req.cache_node
+            for _ in range(shared - min(edge, shared)):
+                node = node.parent  # type: ignore[assignment]
+            self.cache.raise_class(node, cls, until)  # type: ignore[arg-type]
+        if shared < edge:
+            self._extend(req, min(edge, full), cls, until)
+        if req.num_shared_pages < full:
+            self._extend(req, full, insert_class(self.cache.policy, "in_memory", cached, prompt), 0.0)
+
+    def _extend(self, req: Request, end: int, cls: int, until: float) -> None:
+        """Cache the request's own pages up to page `end` at class `cls`, below its locked cache node."""
+        ps, shared = self.page_size, req.num_shared_pages
+        tokens = req.token_ids[shared * ps : end * ps]
+        assert req.cache_node is not None
+        duplicates, m = self.cache.extend(req.cache_node, tokens, req.pages[shared:end], req.params.extra_key, cls,
+                                          until)
+        assert len(m.pages) == end - shared, (len(m.pages), end - shared)
         for i, page in enumerate(m.pages, start=shared):
             if req.pages[i] != page:
                 assert req.pages[i] in duplicates
@@ -157,7 +172,7 @@ class KVCacheManager:
         self.cache.lock(m.node)
         self.cache.unlock(req.cache_node)
         req.cache_node = m.node
-        req.num_shared_pages = full
+        req.num_shared_pages = end
         if duplicates:
             self.pool.free(sorted(duplicates))
 

@@ -21,6 +21,7 @@ class _State:
     pending: str = ""  # text not sent yet (at least the held-back tail), cut at a stop string
     sent_tokens: int = 0
     holdback: int = 0
+    stop_string: str | None = None  # the stop string that ended the request, if one did
 
 
 class OutputProcessor:
@@ -45,9 +46,10 @@ class OutputProcessor:
         st.pending += st.detok.feed(token)
         if p.stop:  # a stop string can only start in the held-back tail or the new text
             start = max(0, before - st.holdback)
-            hits = [i for i in (st.pending.find(s, start) for s in p.stop) if i >= 0]
+            hits = [(i, s) for i, s in ((st.pending.find(s, start), s) for s in p.stop) if i >= 0]
             if hits:
-                st.pending = st.pending[: min(hits)]
+                at, st.stop_string = min(hits, key=lambda hit: hit[0])
+                st.pending = st.pending[:at]
                 return "stop"
         if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
             return "length"
@@ -73,6 +75,7 @@ class OutputProcessor:
             output_tokens=req.num_output_tokens,
             error=req.error,
             stats=req.stats,
+            stop_string=st.stop_string if req.finished else None,
         )
         if req.finished:
             del self._states[req.request_id]

@@ -25,4 +25,5 @@ class RequestOutput:
     cached_tokens: int = 0
     output_tokens: int = 0  # total generated so far
     error: str | None = None  # set when finish_reason == "error"
+    stop_string: str | None = None  # the stop string that ended the request (finish_reason "stop")
     stats: RequestStats = field(default_factory=RequestStats)

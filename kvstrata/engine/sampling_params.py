@@ -12,7 +12,8 @@ if TYPE_CHECKING:
     from kvstrata.engine.spec.drafter import SpecStats
 
 PROMPT_CACHE_KEY_MAX_CHARS = 1024  # OpenAI's limit on prompt_cache_key
-RETENTION_CLASSES = ("in_memory", "24h")  # prompt_cache_retention values; index = retention class
+# prompt_cache_retention values (OpenAI's two), and Anthropic's cache_control TTLs (serving/messages/)
+RETENTION_CLASSES = ("in_memory", "24h", "5m", "1h")
 
 
 MAX_STOP_STRING_CHARS = 256  # a stop string is held back from the stream while it may be forming
@@ -44,6 +45,7 @@ class SamplingParams:
     extra_key: str | None = None  # tenant / cache_salt: requests with different keys share no pages
     cache_key: str | None = None  # prompt_cache_key: a session hint (stats, logs, gateway routing)
     retention: str = "in_memory"  # prompt_cache_retention: "24h" pins the prompt's pages longer
+    retain_tokens: int = 0  # the retention covers the prompt's first N tokens only (a cache_control breakpoint); 0: all
     grammar: str | None = None  # llguidance grammar the output must follow (engine/grammar.py)
 
     def __post_init__(self) -> None:
@@ -80,6 +82,8 @@ class SamplingParams:
         if self.retention not in RETENTION_CLASSES:
             msg = f"prompt_cache_retention must be one of {list(RETENTION_CLASSES)}, got {self.retention!r}"
             raise InvalidRequestError(msg, "prompt_cache_retention")
+        if not isinstance(self.retain_tokens, int) or self.retain_tokens < 0:
+            raise InvalidRequestError(f"retain_tokens must be >= 0, got {self.retain_tokens!r}", "cache_control")
         if self.cache_key is not None and len(self.cache_key) > PROMPT_CACHE_KEY_MAX_CHARS:
             msg = f"prompt_cache_key must be at most {PROMPT_CACHE_KEY_MAX_CHARS} characters, got {len(self.cache_key)}"
             raise InvalidRequestError(msg, "prompt_cache_key")

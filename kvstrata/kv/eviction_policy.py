@@ -4,7 +4,8 @@ Every cached page has a class:
 
     PROBATION  0  seen once (inserted by a request that reused little of its prompt)
     PROTECTED  1  reused: a later request hit it, or it continues a prompt that was mostly a hit
-    RETAINED   2  its request sent prompt_cache_retention "24h" and the retention has not expired
+    RETAINED   2  its request sent prompt_cache_retention "24h" (or an Anthropic cache_control breakpoint
+               covered it: 5 minutes or 1 hour) and the retention has not expired
 
 `--eviction-policy`:
 - `lru`: recency only; PROBATION and PROTECTED are the same (RETAINED still counts: the
@@ -27,7 +28,8 @@ import time
 POLICIES = ("lru", "slru")
 PROBATION, PROTECTED, RETAINED = 0, 1, 2
 CLASS_NAMES = ("probation", "protected", "retained")
-RETENTION_S = {"in_memory": 0.0, "24h": 24 * 3600.0}
+# seconds a retained page outlives other traffic: OpenAI's prompt_cache_retention, Anthropic's cache_control ttl
+RETENTION_S = {"in_memory": 0.0, "24h": 24 * 3600.0, "5m": 300.0, "1h": 3600.0}
 _SPAN = 1 << 48  # clock units between classes: a class outranks any recency of the class below
 
 # a request whose cache hit covers at least this share of its prompt is a continuation: the pages

@@ -33,3 +33,37 @@ def test_commit_packs_each_page_once_and_matches_cache_off(tiny_model_dir: Path,
     assert again.cached_tokens == computed // PS * PS
     off = LLM(str(tiny_model_dir), dtype="float32", max_total_tokens=4096, enable_prefix_caching=False)
     assert off.generate([prompt], params)[0].token_ids == out.token_ids
+
+
+def _classes(llm: LLM, prompt: list[int]) -> list[tuple[int, float]]:
+    """(class, retain_until) of each cached page of `prompt`'s prefix, in order."""
+    cache = llm.engine.prefix_cache
+    assert cache is not None
+    m = cache.match(prompt)
+    out, node = [], m.node
+    while node is not None and node.page is not None:
+        out.append((node.cls, node.retain_until))
+        node = node.parent
+    return out[::-1]
+
+
+def test_a_breakpoint_retains_the_pages_before_it_only(tiny_model_dir: Path) -> None:
+    from kvstrata.kv.eviction_policy import RETAINED, now
+
+    rng = random.Random(1)
+    prompt = [rng.randrange(3, 49000) for _ in range(100)]
+    llm = LLM(str(tiny_model_dir), dtype="float32", max_total_tokens=4096, chunked_prefill_size=32)
+    params = SamplingParams(max_tokens=1, temperature=0.0, retention="5m", retain_tokens=40)
+    llm.generate([prompt], params)
+    classes = _classes(llm, prompt)
+    assert len(classes) == 100 // PS
+    assert [c for c, _ in classes[:2]] == [RETAINED] * 2  # pages 0-1 end at token 32 <= 40
+    assert all(c != RETAINED and until == 0.0 for c, until in classes[2:])
+    assert all(now() + 290 < until <= now() + 300 for _, until in classes[:2])
+    # a later request with a 1 h breakpoint further on refreshes the prefix and retains up to its own edge
+    longer = prompt + [rng.randrange(3, 49000) for _ in range(20)]
+    llm.generate([longer], SamplingParams(max_tokens=1, temperature=0.0, retention="1h", retain_tokens=80))
+    classes = _classes(llm, longer)
+    assert [c for c, _ in classes[:5]] == [RETAINED] * 5 and all(c != RETAINED for c, _ in classes[5:])
+    assert all(until > now() + 3000 for _, until in classes[:5])
+    llm.engine.check_integrity()
