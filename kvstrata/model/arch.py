@@ -145,6 +145,9 @@ def _gguf_rope_scaling(metadata: Mapping[str, Any], architecture: str) -> tuple[
         scaling["factor"] = float(factor)
     if (original := metadata.get(prefix + "original_context_length")) is not None:
         scaling["original_max_position_embeddings"] = int(original)
+    for gguf_key, hf_key in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):  # llama.cpp's names
+        if (value := metadata.get(prefix + gguf_key)) is not None:
+            scaling[hf_key] = float(value)
     return _freeze_rope_scaling(scaling)
 
 

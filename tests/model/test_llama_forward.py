@@ -33,15 +33,18 @@ def _save(kind: str, out: Path) -> Any:
         model = tf.LlamaForCausalLM(tf.LlamaConfig(**COMMON, rope_theta=10000.0))
     elif kind == "qwen2":
         model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**COMMON, tie_word_embeddings=False))
-    else:
+    elif kind == "qwen3":
         model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**COMMON, head_dim=32, tie_word_embeddings=True))
+    else:  # Qwen3 past its native context: YaRN (its attention factor scales every score)
+        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**COMMON, head_dim=32, tie_word_embeddings=True, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}))
     for p in model.parameters():  # random biases/norms too, so a missing one would show
         torch.nn.init.normal_(p, std=0.2)
     model.save_pretrained(out)
     return model.eval()
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "qwen3-yarn"])
 def test_forward_matches_transformers(kind: str, tmp_path: Path) -> None:
     ref = _save(kind, tmp_path)
     w = load_weights(tmp_path)

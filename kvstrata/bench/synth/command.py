@@ -32,6 +32,9 @@ def add_synth_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tokenizer-from", default="smollm2", help="a GGUF (or model name) whose tokenizer to copy")
     parser.add_argument("--llama-quantize", type=Path, help=f"llama-quantize binary (default: {PEER_QUANTIZE} or PATH)")
+    parser.add_argument("--ends-replies", action="store_true",
+                        help="rig the weights so replies end after a few tokens (synth/ending.py), for agent CLIs "
+                             "that refuse replies cut by max_tokens (`kvstrata bench agents`)")
 
 
 def find_quantize(given: Path | None) -> Path | None:
@@ -43,6 +46,18 @@ def find_quantize(given: Path | None) -> Path | None:
     return Path(found) if found else None
 
 
+def end_of_turn_id(tokenizer_gguf: Path) -> int:
+    """The token the copied chat template ends a turn with (ChatML's <|im_end|>), else the GGUF's eos."""
+    from kvstrata.model.tokenizer import END_OF_TURN_TOKENS, Tokenizer
+
+    tok = Tokenizer.from_path(tokenizer_gguf)
+    source = tok.chat_template.source if tok.chat_template is not None else ""
+    for name in END_OF_TURN_TOKENS:
+        if name in source and (found := tok.token_to_id(name)) is not None:
+            return found
+    return tok.eos_token_ids[0]
+
+
 def run_synth_model(args: argparse.Namespace) -> int:
     from kvstrata.model.fetch import resolve_model
 
@@ -52,11 +67,15 @@ def run_synth_model(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     tokenizer = resolve_model(args.tokenizer_from)
     start = time.perf_counter()
+    eos = end_of_turn_id(tokenizer) if args.ends_replies else None
     if args.direct or quant == "Q8_0":
         if quant not in BLOCK_TYPES:
             print(f"--direct writes one block type ({', '.join(sorted(BLOCK_TYPES))}), not {quant}", file=sys.stderr)
             return 2
-        write_gguf(out, shape, lambda name: quant, tokenizer, args.seed)
+        if eos is not None and quant != "Q8_0":
+            print("--ends-replies rigs Q8_0 blocks: use --quant Q8_0, or a llama-quantize type", file=sys.stderr)
+            return 2
+        write_gguf(out, shape, lambda name: quant, tokenizer, args.seed, eos)
     else:
         quantize = find_quantize(args.llama_quantize)
         if quantize is None:
@@ -65,7 +84,7 @@ def run_synth_model(args: argparse.Namespace) -> int:
             return 2
         source = out.with_name(out.stem + ".q8_0.tmp.gguf")
         try:
-            write_gguf(source, shape, lambda name: "Q8_0", tokenizer, args.seed)
+            write_gguf(source, shape, lambda name: "Q8_0", tokenizer, args.seed, eos)
             done = subprocess.run([str(quantize), "--allow-requantize", str(source), str(out), quant],
                                   capture_output=True, text=True)
         finally:
