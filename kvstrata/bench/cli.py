@@ -11,6 +11,7 @@ import argparse
 import importlib
 from typing import Callable, NamedTuple
 
+from kvstrata.bench.agents.command import add_agents_args
 from kvstrata.bench.args import add_agentic_workload_args, add_client_arguments
 from kvstrata.bench.bf16_drift import add_bf16_drift_args
 from kvstrata.bench.compare.command import add_compare_args
@@ -43,6 +44,9 @@ def _add_agentic(parser: argparse.ArgumentParser) -> None:
 BENCH_COMMANDS: tuple[BenchCommand, ...] = (
     BenchCommand("agentic", "interleaved multi-turn agent sessions with tool schemas", _add_agentic,
                  "kvstrata.bench.agentic.driver:main"),
+    BenchCommand("agents", "the real agent CLIs (Claude Code, Codex; `make agent-deps`) headless against each engine: "
+                 "per-turn TTFT, cached share, a new session, a restart over the file L3", add_agents_args,
+                 "kvstrata.bench.agents.command:run_agents"),
     BenchCommand("multiround", "LMCache's multi-round QA: users with a shared system prompt and their own history",
                  add_multiround_args, "kvstrata.bench.multiround.command:run_multiround"),
     BenchCommand("throughput", "offline cold prefill and decode tokens/s, kvstrata beside transformers",
