@@ -25,7 +25,7 @@ fetch-model: install
 serve: install cxx-deps
 	$(BIN)/kvstrata serve --model smollm2 --host $(HOST) --port $(PORT) $(ARGS)
 
-test: install fetch-model store-deps browser-deps cxx-deps
+test: install fetch-model store-deps browser-deps cxx-deps agent-deps
 	$(BIN)/python -m pytest -q $(ARGS)
 
 # The CPU decode-attention kernel (kvstrata/model/csrc/) is compiled with g++ on first use (ninja comes from pip);
@@ -34,6 +34,21 @@ test: install fetch-model store-deps browser-deps cxx-deps
 cxx-deps:
 	@command -v g++ >/dev/null || \
 	  { $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q g++; }
+
+# The agent CLIs' end-to-end tests (tests/serving/test_claude_code.py, test_codex_cli.py) drive the real
+# Claude Code and Codex CLIs headless; pinned npm packages go into .agents/ (git-ignored), Node from Debian's
+# packages where it is missing. AGENT_NPMS is also what `kvstrata bench agents` runs.
+AGENT_NPMS := @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0
+AGENT_STAMP := .agents/.installed-$(shell echo '$(AGENT_NPMS)' | cksum | cut -d' ' -f1)
+.PHONY: agent-deps
+agent-deps: $(AGENT_STAMP)
+
+$(AGENT_STAMP):
+	@command -v npm >/dev/null || \
+	  { $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q nodejs npm; }
+	mkdir -p .agents
+	npm install --prefix .agents --no-audit --no-fund --loglevel=error $(AGENT_NPMS)
+	touch $(AGENT_STAMP)
 
 # The dashboard test (tests/serving/test_dashboard_browser.py) drives Debian's chromium with Playwright
 # (`executable_path=/usr/bin/chromium`; never `playwright install`); install the package once.

@@ -80,7 +80,7 @@ class ModelConfig:
     head_bits: str = opt(
         "auto",
         "the LM head of a quantized GGUF in decode steps: 8 = int8 a row, 4 = 4-bit blocks of 32 on the integer "
-        "kernels (60% of the bytes a step reads for it); either way each row's top 32 candidates (256 in steps that "
+        "kernels (60%% of the bytes a step reads for it); either way each row's top 32 candidates (256 in steps that "
         "sample) are recomputed from the file's rows, so greedy output keeps the exact head's argmax; auto = 4 "
         "where activations are 8-bit (GGUFs 2048 or more wide), 8 below",
         choices=["auto", "8", "4"],
@@ -231,6 +231,12 @@ class ServerConfig:
         "auto", "how tool calls are read out of replies (vLLM's names); auto = from the chat template: "
         "hermes for <tool_call> templates, llama3_json for Llama 3, json for templates with no tool syntax",
         choices=["auto", "hermes", "llama3_json", "json"],
+    )
+    reasoning_parser: str = opt(
+        "auto", "how reasoning is split out of replies (`reasoning_content`, Responses `reasoning` items; vLLM's "
+        "names); auto = from the chat template: none without <think>, deepseek_r1 when its generation prompt "
+        "opens <think>, else qwen3",
+        choices=["auto", "qwen3", "deepseek_r1", "none"],
     )
     # `kvstrata analyze FILE` reads this log (kvstrata/serving/request_log.py says what redaction keeps)
     log_requests: str | None = opt(None, "append every request body to this JSON-lines file (for `kvstrata analyze`)")

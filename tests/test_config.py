@@ -53,3 +53,15 @@ def test_check_config_for_library_users() -> None:
     with pytest.raises(ConfigError, match="--max-num-batched-tokens"):
         check_config(SchedulerConfig(max_num_batched_tokens=0))
     check_config(SchedulerConfig())
+
+
+def test_every_commands_help_renders() -> None:
+    """argparse formats each help string with %: a bare "60%" in one crashed `kvstrata serve --help`."""
+    parser = build_parser()
+    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert subparsers
+    for name, sub in subparsers[0].choices.items():
+        assert sub.format_help(), name
+        nested = [a for a in sub._actions if isinstance(a, argparse._SubParsersAction)]
+        for child in nested[0].choices.values() if nested else ():
+            assert child.format_help()

@@ -109,10 +109,29 @@ class Rendered:
         return sum(1 for start, _ in self.offsets if start < end)
 
 
+def _template_text(tokenizer: Tokenizer, body: dict[str, Any], messages: list[dict[str, Any]],
+                   tools: list[Any] | None) -> str:
+    """The prompt as a rank renders it (tools written into the system message where the template has no
+    tool syntax, the request's template kwargs); a body the server would refuse, as the template alone
+    renders it."""
+    from pydantic import ValidationError
+
+    from kvstrata.serving.protocol import ChatCompletionRequest
+    from kvstrata.serving.tool_calls.plan import template_input
+
+    try:
+        req = ChatCompletionRequest.model_validate(body)
+        shown, shown_tools = template_input(req, tokenizer, "auto")
+        return tokenizer.apply_chat_template(shown, add_generation_prompt=True, tools=shown_tools,
+                                             **req.template_kwargs())
+    except (ValidationError, ValueError):
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
+
+
 def render(tokenizer: Tokenizer, body: dict[str, Any], index: int) -> Rendered:
     messages = [m for m in body["messages"] if isinstance(m, dict)]
     tools = body.get("tools") if isinstance(body.get("tools"), list) else None
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
+    text = _template_text(tokenizer, body, messages, tools)
     encoding = tokenizer.backend.encode(text, add_special_tokens=False)
     spans: list[FieldSpan] = []
     pos = 0

@@ -35,6 +35,7 @@ from kvstrata.serving.dashboard import install_dashboard_route
 from kvstrata.serving.errors import install_error_handlers
 from kvstrata.serving.http_protocol import protocol_settings
 from kvstrata.serving.limits import RequestLimitsMiddleware
+from kvstrata.serving.messages.errors import AnthropicErrors
 from kvstrata.metrics.rank import CONTENT_TYPE
 from kvstrata.serving.response_cache.service import CacheHeaderOnErrors
 from kvstrata.serving.server import UvicornThread
@@ -42,7 +43,8 @@ from kvstrata.serving.shutdown import Lifecycle, LifecycleMiddleware
 from kvstrata.serving.worker_info import MODEL_INFO_PATHS, SERVER_INFO_PATHS
 
 logger = logging.getLogger(__name__)
-PROXIED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")  # sent on to a rank
+# sent on to a rank
+PROXIED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens")
 
 
 def build_gateway_app(
@@ -64,6 +66,7 @@ def build_gateway_app(
     app.add_middleware(AuthMiddleware, keys=keys, metrics_public=server_cfg.metrics_public)
     app.add_middleware(CacheHeaderOnErrors)  # the gateway's own errors say "bypass" too
     app.add_middleware(LifecycleMiddleware, lifecycle=lifecycle or Lifecycle())  # 503 once draining
+    app.add_middleware(AnthropicErrors)  # the gateway's own errors on /v1/messages in Anthropic's shape
     install_dashboard_route(app)  # GET /dashboard, charts of the merged /metrics below
 
     async def proxied(request: Request) -> Response:

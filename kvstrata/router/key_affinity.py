@@ -20,17 +20,23 @@ from typing import Any, Mapping, Sequence
 
 from kvstrata.config import RouterConfig
 from kvstrata.router.policy import Decision, RankLoad
+from kvstrata.serving.messages.cache_hints import session_key
 
 MAX_KEYS = 65536
 
 
 def affinity_key(body: Mapping[str, Any], headers: Mapping[str, str]) -> bytes | None:
-    """The tenant-scoped map key of a request, or None when it has no string prompt_cache_key."""
+    """The tenant-scoped map key of a request, or None when it has no string prompt_cache_key (nor, from
+    Claude Code, a session id: serving/messages/cache_hints.py)."""
     key = body.get("prompt_cache_key")
+    if not isinstance(key, str):  # Anthropic's clients name their session in a header or metadata.user_id
+        metadata = body.get("metadata")
+        key = session_key(headers, metadata if isinstance(metadata, Mapping) else None)
     if not isinstance(key, str):
         return None
     salt = body.get("cache_salt")
-    parts = (headers.get("authorization", ""), salt if isinstance(salt, str) else "", key)
+    auth = headers.get("authorization") or headers.get("x-api-key", "")
+    parts = (auth, salt if isinstance(salt, str) else "", key)
     return hashlib.sha256("\x00".join(f"{len(p)}:{p}" for p in parts).encode()).digest()
 
 

@@ -2,7 +2,7 @@
 
 Same tokenizer and chat template (`kvstrata.model.tokenizer.Tokenizer`), same rendering as the
 rank (`tool_calls/plan.template_input`: developer -> system, the tools where the template or the
-system message shows them; a /v1/responses body becomes its chat request first), same hash chain
+system message shows them; a /v1/responses or /v1/messages body becomes its chat request first), same hash chain
 from the ranks' namespace root with the same extra key: the API key's tenant and the request's
 `cache_salt` (`auth.tenant_extra_key`; without the tenant no authenticated request would ever
 match), cut to the int64 block hashes that KV events carry. Only the pages a rank could match
@@ -21,6 +21,8 @@ from pydantic import ValidationError
 from kvstrata.kv.hashing import hash_pages, hash_to_int64
 from kvstrata.model.tokenizer import Tokenizer
 from kvstrata.serving.auth import tenant_extra_key
+from kvstrata.serving.messages.request import MessagesRequest
+from kvstrata.serving.messages.request import chat_body as messages_chat_body
 from kvstrata.serving.protocol import ChatCompletionRequest
 from kvstrata.serving.responses.request import ResponsesRequest, chat_body
 from kvstrata.serving.tool_calls.plan import template_input
@@ -88,12 +90,17 @@ class PromptHasher:
 
     def _chat_tokens(self, req: ChatCompletionRequest) -> list[int]:
         messages, tools = template_input(req, self.tokenizer, self.tool_call_parser)
-        return self.encode(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools))
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools,
+                                                  **req.template_kwargs())
+        return self.encode(text)
 
     def tokens(self, path: str, body: dict[str, Any]) -> list[int] | None:
         try:
             if path.endswith("/chat/completions"):
                 return self._chat_tokens(ChatCompletionRequest.model_validate(body))
+            if path.endswith("/v1/messages"):
+                return self._chat_tokens(ChatCompletionRequest.model_validate(
+                    messages_chat_body(MessagesRequest.model_validate(body), None)[0]))
             if path.endswith("/responses"):
                 req = ResponsesRequest.model_validate(body)
                 if req.previous_response_id is not None:

@@ -141,11 +141,15 @@ def scoped_to_tenant(prepared: PreparedRequest, tenant: str | None) -> PreparedR
 
 
 def _bearer(scope: Scope) -> str | None:
+    """The key of `Authorization: Bearer KEY`, or of `x-api-key: KEY` (Anthropic's clients send that)."""
+    bearer = api_key = None
     for name, value in scope.get("headers", ()):
-        if name == b"authorization":
+        if name == b"authorization" and bearer is None:
             scheme, _, token = value.decode("latin-1").partition(" ")
-            return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-    return None
+            bearer = token.strip() if scheme.lower() == "bearer" and token.strip() else None
+        elif name == b"x-api-key" and api_key is None and value.strip():
+            api_key = value.decode("latin-1").strip()
+    return bearer if bearer is not None else api_key
 
 
 def _cookie(scope: Scope) -> str | None:
@@ -168,16 +172,19 @@ def _query_key(scope: Scope) -> str | None:
 
 def _refuse(given: bool) -> object:
     msg = (
-        "Incorrect API key provided; send `Authorization: Bearer KEY` with a key this server was given"
+        "Incorrect API key provided; send `Authorization: Bearer KEY` (or `x-api-key: KEY`) with a key this server "
+        "was given"
         if given else
-        "Missing API key; send `Authorization: Bearer KEY` (or open /dashboard?api_key=KEY in a browser)"
+        "Missing API key; send `Authorization: Bearer KEY` or `x-api-key: KEY` (or open /dashboard?api_key=KEY in a "
+        "browser)"
     )
     return error_response(401, msg, "invalid_request_error", code="invalid_api_key",
                           headers={"WWW-Authenticate": "Bearer"})
 
 
 class AuthMiddleware:
-    """401 with an OpenAI-style body unless the request carries a known `Authorization: Bearer` key."""
+    """401 with an OpenAI-style body unless the request carries a known key (`Authorization: Bearer` or
+    `x-api-key`)."""
 
     def __init__(self, app: ASGIApp, keys: ApiKeys, metrics_public: bool) -> None:
         self.app = app

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible FastAPI app: /v1/chat/completions, /v1/completions, /v1/models, /health.
+"""The OpenAI-compatible FastAPI app: /v1/chat/completions, /v1/completions, /v1/models, /health
+(and /v1/responses, and Anthropic's /v1/messages, as adapters onto the chat path).
 
 A route validates (protocol.py), asks the response cache (response_cache/service.py: a hit is
 replayed without the engine), fans the choices into the engine and merges them (streaming.py),
@@ -25,7 +26,9 @@ from kvstrata.serving.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnecte
 from kvstrata.serving.errors import install_error_handlers
 from kvstrata.serving.health import install_health_route
 from kvstrata.serving.limits import RequestLimitsMiddleware
-from kvstrata.serving.prepare import PreparedRequest, check_model, prepare_chat, prepare_completion
+from kvstrata.serving.messages.errors import AnthropicErrors
+from kvstrata.serving.messages.route import install_messages_routes
+from kvstrata.serving.prepare import PreparedRequest, check_model, prepare_chat, prepare_completion, reply_reasoning
 from kvstrata.serving.protocol import ChatCompletionRequest, CompletionRequest
 from kvstrata.serving.rank_info import install_rank_info_route
 from kvstrata.serving.response_cache.key import CHAT, COMPLETIONS
@@ -79,7 +82,8 @@ async def _serve(
     ticket: Ticket,
 ) -> Response:
     request_id = _request_id(chat)
-    shape = ResponseShape(chat, request_id, engine.served_model_name, tool_format=prepared.tool_format)
+    shape = ResponseShape(chat, request_id, engine.served_model_name, tool_format=prepared.tool_format,
+                          reasoning=prepared.reasoning)
     jobs = fan_out(request_id, prepared)
     usage = UsageTracker([len(p) for p in prepared.prompts], prepared.params.n)
     logger.debug(
@@ -125,7 +129,9 @@ async def _serve_cached(
     ticket = await state.response_cache.lookup(CHAT if chat else COMPLETIONS, req, request, engine)
     if ticket.value is not None:
         fmt = reply_format(req, engine.tokenizer, state.server_cfg.tool_call_parser) if chat else None  # type: ignore[arg-type]
-        shape = ResponseShape(chat, _request_id(chat), engine.served_model_name, tool_format=fmt)
+        cfg = state.server_cfg
+        thinks = reply_reasoning(req, engine.tokenizer, cfg.reasoning_parser) if chat else None  # type: ignore[arg-type]
+        shape = ResponseShape(chat, _request_id(chat), engine.served_model_name, tool_format=fmt, reasoning=thinks)
         return replay(ticket.value, shape, req.stream, req.include_usage, ticket.headers)
     try:
         # template, tokenizer and schema checks are CPU work: off the event loop, which serves every stream
@@ -150,6 +156,7 @@ def build_app(state: ServerState) -> FastAPI:
     app.add_middleware(AuthMiddleware, keys=state.api_keys, metrics_public=cfg.metrics_public)
     app.add_middleware(LifecycleMiddleware, lifecycle=state.lifecycle)
     app.add_middleware(CacheHeaderOnErrors)  # x-kvstrata-cache: bypass on every error of the completion routes
+    app.add_middleware(AnthropicErrors)  # /v1/messages errors, from every layer above, in Anthropic's shape
     install_health_route(app, state)  # /health, /health?deep=1
 
     def model_card(engine: AsyncEngine) -> dict[str, Any]:
@@ -170,14 +177,15 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
-        parser = state.server_cfg.tool_call_parser
-        return await _serve_cached(state, request, req, lambda r, e: prepare_chat(r, e, parser))
+        parser, reasoning = state.server_cfg.tool_call_parser, state.server_cfg.reasoning_parser
+        return await _serve_cached(state, request, req, lambda r, e: prepare_chat(r, e, parser, reasoning))
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
         return await _serve_cached(state, request, req, prepare_completion)
 
     install_responses_route(app, state)  # /v1/responses (serving/responses/)
+    install_messages_routes(app, state)  # /v1/messages, Anthropic's (serving/messages/)
     install_admin_routes(app, state)
     install_rank_info_route(app, state)  # /v1/kvstrata/info, for the DP gateway
     install_worker_info_routes(app, state)  # /server_info, /model_info, for SGLang Model Gateway

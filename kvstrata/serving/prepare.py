@@ -2,7 +2,8 @@
 
 `prepare_chat` renders the chat template and tokenizes, `prepare_completion` tokenizes each
 prompt; both check the model name, prompt lengths and ids, and clamp max_tokens to the room
-left in the context (see protocol.py's docstring for the rules).
+left in the context (see protocol.py's docstring for the rules). `prepare_chat` also resolves how
+the reply's reasoning is split off (`reply_reasoning`: `--reasoning-parser` and the request's thinking).
 """
 from __future__ import annotations
 
@@ -17,11 +18,14 @@ from kvstrata.serving.protocol import (
     CompletionRequest,
     _SamplingRequest,
 )
+from kvstrata.serving.reasoning import resolve_reasoning_parser
 from kvstrata.serving.tool_calls.formats import ToolCallFormat
 from kvstrata.serving.tool_calls.plan import plan_tools
+from kvstrata.serving.tool_calls.validate import forced_tool, response_schema
 
 if TYPE_CHECKING:
     from kvstrata.engine.async_engine import AsyncEngine
+    from kvstrata.model.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,7 @@ class PreparedRequest:
     params: SamplingParams
     timeout_s: float | None = None  # the request's `timeout`: abort and answer 408 past it
     tool_format: ToolCallFormat | None = None  # chat with tools: replies are parsed for tool calls
+    reasoning: str | None = None  # chat: the reasoning parser replies are split with (None: all content)
 
 
 def check_model(model: str | None, engine: AsyncEngine) -> None:
@@ -78,19 +83,33 @@ def _finish(
     return PreparedRequest(prompts, params, req.timeout)
 
 
-def prepare_chat(req: ChatCompletionRequest, engine: AsyncEngine, tool_call_parser: str = "auto") -> PreparedRequest:
+def reply_reasoning(req: ChatCompletionRequest, tokenizer: Tokenizer, reasoning_parser: str) -> str | None:
+    """The reasoning parser of this request's replies: None when thinking is off, the template has none,
+    or the reply is constrained (a forced call, a response_format schema: the grammar holds from its
+    first token, so the whole reply is content)."""
+    if not req.thinking or forced_tool(req.tool_choice, req.tools) or response_schema(req.response_format) is not None:
+        return None
+    template = tokenizer.chat_template
+    return resolve_reasoning_parser(reasoning_parser, template.source if template is not None else None)
+
+
+def prepare_chat(
+    req: ChatCompletionRequest, engine: AsyncEngine, tool_call_parser: str = "auto", reasoning_parser: str = "auto"
+) -> PreparedRequest:
     check_model(req.model, engine)
     req.refuse_unsupported()
     plan = plan_tools(req, engine.tokenizer, tool_call_parser)
     try:
-        text = engine.tokenizer.apply_chat_template(plan.messages, add_generation_prompt=True, tools=plan.template_tools)
+        text = engine.tokenizer.apply_chat_template(plan.messages, add_generation_prompt=True,
+                                                    tools=plan.template_tools, **req.template_kwargs())
     except Exception as exc:  # a template's raise_exception(...) or a message it cannot render
         msg = f"the chat template could not render these messages: {exc}"
         raise InvalidRequestError(msg, "messages") from exc
     prompt = engine.tokenizer.encode(text)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     prepared = _finish(req, engine, [prompt], max_tokens, None)
-    return replace(prepared, params=replace(prepared.params, grammar=plan.grammar), tool_format=plan.tool_format)
+    return replace(prepared, params=replace(prepared.params, grammar=plan.grammar), tool_format=plan.tool_format,
+                   reasoning=reply_reasoning(req, engine.tokenizer, reasoning_parser))
 
 
 def prepare_completion(req: CompletionRequest, engine: AsyncEngine) -> PreparedRequest:

@@ -14,6 +14,12 @@ context), is a 400 naming both numbers.
 
 /v1/completions takes a batch of prompts too: P prompts with n choices give P*n choices, choice
 p*n + i being the i-th of prompt p; usage counts each prompt once.
+
+Reasoning (chat): `chat_template_kwargs` (vLLM's) reach the chat template as variables;
+`reasoning_effort` (OpenAI's) reaches it as `reasoning_effort`, and "none" also sets
+`enable_thinking: false` (an explicit `chat_template_kwargs.enable_thinking` wins). Thinking off, the
+reply is all content; on, it is split (serving/reasoning.py) into `reasoning_content` and content.
+An assistant message sent back may carry its `reasoning_content` for the template to render.
 """
 from __future__ import annotations
 
@@ -29,6 +35,9 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
 MAX_TOP_LOGPROBS = 20
 MAX_CACHE_SALT_CHARS = 256  # hashed into every page key and kept as a radix-tree key
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]  # OpenAI's values
+# variables the template gets from the request itself: chat_template_kwargs may not replace them
+_TEMPLATE_ARGS = ("messages", "tools", "documents", "add_generation_prompt")
 _STRICT = ConfigDict(strict=True, extra="ignore")
 # what the plain validators below accept, for /openapi.json (clients, and the schemathesis fuzz test)
 _TEXT_PART: dict[str, Any] = {
@@ -48,6 +57,7 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an assistant reply's reasoning, sent back (vLLM's name)
 
     @field_validator("content", mode="plain")
     @classmethod
@@ -74,7 +84,7 @@ class ChatMessage(BaseModel):
 
     def for_template(self) -> dict[str, Any]:
         """The dict the chat template sees; 'developer' is rendered as 'system'."""
-        out = self.model_dump(include={"name", "tool_calls", "tool_call_id"}, exclude_none=True)
+        out = self.model_dump(include={"name", "tool_calls", "tool_call_id", "reasoning_content"}, exclude_none=True)
         return {"role": "system" if self.role == "developer" else self.role, "content": self.content or "", **out}
 
 
@@ -176,6 +186,30 @@ class ChatCompletionRequest(_SamplingRequest):
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None  # a constrained reply is one call; a free one may hold several
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: extra template variables (enable_thinking, ...)
+    reasoning_effort: ReasoningEffort | None = None  # "none" turns thinking off
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _own_template_args(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        for name in _TEMPLATE_ARGS:
+            if name in (v or {}):
+                raise ValueError(f"chat_template_kwargs may not set {quote(name)}: the request's own fields give it")
+        return v
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """What the chat template gets besides messages and tools (see the module docstring)."""
+        out: dict[str, Any] = {}
+        if self.reasoning_effort is not None:
+            out["reasoning_effort"] = self.reasoning_effort
+            if self.reasoning_effort == "none":
+                out["enable_thinking"] = False
+        return {**out, **(self.chat_template_kwargs or {})}
+
+    @property
+    def thinking(self) -> bool:
+        """False when the request turned the model's thinking off (its reply is then all content)."""
+        return self.template_kwargs().get("enable_thinking", True) is not False
 
     @field_validator("tools")
     @classmethod

@@ -5,6 +5,8 @@ index p*n + i). `merge_choices` runs them concurrently and yields `(index, Reque
 it (client gone, error, generator closed) cancels every unfinished engine request. `sse_events`
 turns the merged stream into OpenAI `data: {...}` chunks ending with `data: [DONE]`; an error
 after the stream began is sent as a `data: {"error": {...}}` event, which OpenAI clients raise.
+With a reasoning parser (serving/reasoning.py) a chat choice's reasoning is `message.reasoning_content`
+(streamed: `delta.reasoning_content`), as vLLM answers; tool calls are read from the content after it.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from kvstrata.engine.outputs import RequestOutput
 from kvstrata.engine.sampling_params import SamplingParams
 from kvstrata.serving.errors import APIError, api_error_from, error_body
 from kvstrata.serving.prepare import PreparedRequest
+from kvstrata.serving.reasoning import ReasoningSplitter, split_reasoning
 from kvstrata.serving.tool_calls.formats import ToolCallFormat
 from kvstrata.serving.tool_calls.output import ToolCallStream, chat_message, stream_delta
 
@@ -137,6 +140,7 @@ class ResponseShape:
     model: str
     created: int = field(default_factory=lambda: int(time.time()))
     tool_format: ToolCallFormat | None = None  # chat with tools: replies are parsed for tool calls
+    reasoning: str | None = None  # chat: the reasoning parser (None: replies are all content)
 
     def header(self, streaming: bool) -> dict[str, Any]:
         kind = ("chat.completion.chunk" if streaming else "chat.completion") if self.chat else "text_completion"
@@ -144,18 +148,23 @@ class ResponseShape:
 
     def choice(self, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
         if self.chat:
+            reasoning, text = split_reasoning(self.reasoning, text)
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if self.tool_format is not None:
                 message, finish_reason = chat_message(self.tool_format, text, finish_reason)
+            if self.reasoning is not None:
+                message["reasoning_content"] = reasoning
             return {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason}
         return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
     def chunk(
         self, index: int, text: str, finish_reason: str | None, first: bool = False,
-        tool_calls: list[dict[str, Any]] | None = None,
+        tool_calls: list[dict[str, Any]] | None = None, reasoning: str = "",
     ) -> dict[str, Any]:
         if self.chat:
             delta: dict[str, Any] = {"content": text} if text or first else {}
+            if reasoning:
+                delta["reasoning_content"] = reasoning
             if tool_calls:
                 delta["tool_calls"] = tool_calls
             if first:
@@ -177,16 +186,20 @@ async def sse_events(
     """The SSE body of a streamed response; closing it aborts the engine requests left."""
     extra = {"usage": None} if include_usage else {}
     tool_streams: dict[int, ToolCallStream] = {}
+    splitters: dict[int, ReasoningSplitter] = {}
 
     def event(index: int, out: RequestOutput) -> str | None:
         usage.observe(index, out)
         raise_if_failed(out)
-        text, reason, calls = out.new_text, out.finish_reason, None
+        text, reason, calls, thought = out.new_text, out.finish_reason, None, ""
+        if shape.reasoning is not None and shape.chat:
+            splitter = splitters.setdefault(index, ReasoningSplitter(shape.reasoning))
+            thought, text = splitter.feed(text, out.finished)
         if shape.tool_format is not None and shape.chat:
             text, calls, reason = stream_delta(tool_streams, shape.tool_format, index, text, reason)
-        if not (text or calls or out.finished):
+        if not (text or calls or thought or out.finished):
             return None
-        return sse({**shape.chunk(index, text, reason, tool_calls=calls), **extra})
+        return sse({**shape.chunk(index, text, reason, tool_calls=calls, reasoning=thought), **extra})
 
     try:
         if shape.chat:

@@ -108,3 +108,20 @@ def test_sessions_follow_prompt_cache_key_when_present(tokenizer: Tokenizer) -> 
     assert analyze([body("alpha", None), body("beta", None), body("gamma", None)], tokenizer).sessions == 3
     a = analyze(bodies, tokenizer)
     assert a.sessions == 4 and sorted(a.session_turns.values()) == [1, 1, 1, 2]  # a: 2, b, delta, eps (not a str)
+
+
+def test_a_body_with_tools_renders_as_the_rank_renders_it(tokenizer: Tokenizer) -> None:
+    """SmolLM2's template has no tool syntax: the rank writes the tools into the system message, and so must
+    analyze, or a Claude Code log (20 tools, 12k tokens) reads as a 4k-token prompt."""
+    from kvstrata.analyze.rendered import render
+    from kvstrata.serving.protocol import ChatCompletionRequest
+    from kvstrata.serving.tool_calls.plan import plan_tools
+
+    tool = {"type": "function", "function": {"name": "read_file", "description": "Read a file.",
+                                             "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
+    body = {"messages": [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "hi"}],
+            "tools": [tool]}
+    plan = plan_tools(ChatCompletionRequest.model_validate(body), tokenizer, "auto")
+    rank = tokenizer.encode(tokenizer.apply_chat_template(plan.messages, add_generation_prompt=True,
+                                                          tools=plan.template_tools))
+    assert render(tokenizer, body, 0).ids == rank and "read_file" in tokenizer.decode(rank)

@@ -204,3 +204,30 @@ def test_prompt_cache_key_lands_on_one_rank_and_ranks_stay_balanced(cluster: Clu
     assert cluster.gw.gateway.affinity.moves == 0
     bad = cluster.chat([{"role": "user", "content": "hi"}], prompt_cache_key="k" * 1025)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt_cache_key"
+
+
+def test_claude_code_sessions_stick_through_the_gateway(cluster: Cluster) -> None:
+    """/v1/messages through the gateway with the real Anthropic SDK: each session (its
+    X-Claude-Code-Session-Id) stays on one rank, sessions spread over both, and a later turn reads its
+    history from that rank's cache."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=cluster.gw.base_url, api_key="x", max_retries=0, timeout=600)
+    model = cluster.http.get("/v1/models").json()["data"][0]["id"]
+    ranks: dict[str, set[int]] = {}
+    for turn in range(2):
+        for s in range(4):
+            session = f"session-{s}"
+            history = [{"role": "user", "content": f"{session} " + system_prompt(500 + s, 60)}]
+            if turn:
+                history += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "and then?"}]
+            raw = client.messages.with_raw_response.create(
+                model=model, max_tokens=4, messages=history,  # type: ignore[arg-type]
+                extra_headers={"X-Claude-Code-Session-Id": session})
+            ranks.setdefault(session, set()).add(int(raw.headers["x-kvstrata-rank"]))
+            if turn:
+                assert raw.parse().usage.cache_read_input_tokens >= 48
+    assert all(len(r) == 1 for r in ranks.values()), ranks
+    assert set().union(*ranks.values()) == {0, 1}, ranks
+    bad = cluster.http.post("/v1/messages", json={"messages": [], "max_tokens": 1})
+    assert bad.status_code == 400 and bad.json()["type"] == "error"

@@ -77,3 +77,11 @@ def test_map_is_bounded_lru() -> None:
     assert aff.route(keys[1], loads(0, 0), Decision(0, "cache_miss")) == Decision(0, "cache_miss", 0.0)
     # key 0 was refreshed: still on rank 0, though the policy says 1
     assert aff.route(keys[0], loads(0, 0), Decision(1, "cache_miss")).reason == "cache_key"
+
+
+def test_claude_codes_session_is_the_key() -> None:
+    header = affinity_key({}, {"x-claude-code-session-id": "s1", "x-api-key": "a"})
+    meta = affinity_key({"metadata": {"user_id": '{"session_id": "s1"}'}}, {"x-api-key": "a"})
+    assert header is not None and header == meta
+    assert header != affinity_key({}, {"x-claude-code-session-id": "s1", "x-api-key": "b"})  # another tenant's
+    assert affinity_key({"metadata": "s1"}, {}) is None

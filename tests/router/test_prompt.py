@@ -117,3 +117,19 @@ def test_a_tenant_hashes_as_its_rank_does(tokenizer: Tokenizer) -> None:
         assert prompt is not None and prompt.hashes == want
     alice, bob = hasher.prompt(CHAT, body, "alice"), hasher.prompt(CHAT, body, "bob")
     assert alice is not None and bob is not None and not set(alice.hashes) & set(bob.hashes)
+
+
+def test_a_messages_body_renders_as_its_chat_request_on_the_rank(tokenizer: Tokenizer) -> None:
+    from kvstrata.serving.messages.request import MessagesRequest
+    from kvstrata.serving.messages.request import chat_body as messages_chat_body
+
+    hasher = PromptHasher(tokenizer, 16, ROOT)
+    body = {"max_tokens": 64, "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+            "tools": [{"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]}],
+            "messages": [{"role": "user", "content": "weather?"},
+                         {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather",
+                                                            "input": {"city": "Oslo"}}]},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]}]}
+    chat_form, _ = messages_chat_body(MessagesRequest.model_validate(body), None)
+    assert hasher.tokens("/v1/messages", body) == _rank_tokens(tokenizer, chat_form)
+    assert hasher.tokens("/v1/messages", {"messages": []}) is None  # the rank will say why

@@ -37,6 +37,22 @@ def engine(make_engine: Callable[[], AsyncEngine]) -> Iterator[AsyncEngine]:
 
 
 @pytest.fixture(scope="session")
+def thinking_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """The tiny model with a chat template that thinks (thinking_model.py's THINKING_TEMPLATE)."""
+    from thinking_model import write_thinking_model
+
+    return write_thinking_model(tiny_model_dir, tmp_path_factory.mktemp("thinking") / "model")
+
+
+@pytest.fixture(scope="session")
+def thinking_engine(thinking_model_dir: Path) -> Iterator[AsyncEngine]:
+    eng = AsyncEngine.from_config(
+        ModelConfig(model=str(thinking_model_dir), dtype="float32", max_model_len=MAX_MODEL_LEN), CACHE, SCHED)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="session")
 def server(engine: AsyncEngine) -> Iterator[ServerThread]:
     with serve(make_state(engine)) as srv:
         yield srv

@@ -8,53 +8,22 @@ turns 2 and 3 find their prompt's prefix in the cache."""
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
-import httpx
 import pytest
 from pydantic import BaseModel, Field
+
+from agent_cli_support import kvstrata_serve
 
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def serve_url(smollm2_path: Path) -> Iterator[str]:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "kvstrata.cli", "serve", "--model", str(smollm2_path), "--served-model-name",
-           "smollm2", "--port", str(port), "--max-total-tokens", "8192"]
-    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:  # poll the server's own readiness, bounded so a broken start fails instead of hanging
-            assert proc.poll() is None, "kvstrata serve exited"
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "kvstrata serve did not become ready"
-            time.sleep(0.5)
+    with kvstrata_serve(smollm2_path, "--max-total-tokens", "8192", name="smollm2", context=None,
+                        start_timeout_s=300) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 class Answer(BaseModel):

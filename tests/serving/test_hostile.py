@@ -59,7 +59,13 @@ def nested(levels: int) -> dict[str, Any]:
     return schema
 
 
-C, H, R = "/v1/completions", "/v1/chat/completions", "/v1/responses"
+C, H, R, M = "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"
+
+
+def msgs(**extra: Any) -> bytes:
+    return js({"messages": MSG, "max_tokens": 2, **extra})
+
+
 QUOTES = b'{"messages": [{"role": "user", "content": "' + b'"' + b'\\"' * 80_000  # the issue's 160 KB body
 CASES = [
     # who may call, and how
@@ -114,6 +120,35 @@ CASES = [
     Hostile("a 1 MB logit_bias key", "POST", C, js({"prompt": "hi", "logit_bias": {"1" * 1_000_000: 1}})),
     Hostile("token ids outside the vocabulary", "POST", C, js({"prompt": [10**9]})),
     Hostile("max_tokens past the context", "POST", H, chat(max_tokens=10**9)),
+    # Anthropic's Messages API (answered in Anthropic's error shape)
+    Hostile("messages, no key", "POST", M, msgs(), key=None),
+    Hostile("messages, wrong key", "POST", M + "/count_tokens", msgs(), key="sk-nobody"),
+    Hostile("messages, wrong method", "GET", M),
+    Hostile("messages, no such route", "POST", M + "/batches", msgs()),
+    Hostile("messages, 160 KB of escaped quotes", "POST", M, QUOTES),
+    Hostile("messages, JSON nested 100,000 deep", "POST", M, b'{"messages": ' + b"[" * 100_000),
+    Hostile("messages, a JSON array", "POST", M, b"[1, 2]"),
+    Hostile("messages, no max_tokens", "POST", M, js({"messages": MSG})),
+    Hostile("messages, NaN temperature", "POST", M, b'{"messages": [], "max_tokens": 2, "temperature": NaN}'),
+    Hostile("messages, surrogate bytes", "POST", M, b'{"max_tokens": 2, "messages": [{"role": "user", "content": '
+                                                    b'"\xed\xa0\x80"}]}'),
+    Hostile("messages, an image block", "POST", M, msgs(messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA" * 1000}}]}])),
+    Hostile("messages, a block that is a number", "POST", M, msgs(messages=[{"role": "user", "content": [5]}])),
+    Hostile("messages, tool_use input a string", "POST", M, msgs(messages=MSG + [{"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t", "name": "f", "input": "x" * 100_000}]}])),
+    Hostile("messages, tool_result without an id", "POST", M, msgs(messages=[{"role": "user", "content": [
+        {"type": "tool_result", "content": "x"}]}])),
+    Hostile("messages, a tool with no schema", "POST", M, msgs(tools=[{"name": "f"}])),
+    Hostile("messages, tool_choice any, no tools", "POST", M, msgs(tool_choice={"type": "any"})),
+    Hostile("messages, a tool schema $ref cycle", "POST", M, msgs(tools=[{"name": "f", "input_schema": {
+        "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}}],
+        tool_choice={"type": "tool", "name": "f"})),
+    Hostile("messages, a 1 MB field name", "POST", M, js({"messages": MSG, "max_tokens": 2, "x" * 1_000_000: 1})),
+    Hostile("messages, a 1 MB model name", "POST", M, msgs(model="m" * 1_000_000)),
+    Hostile("messages, max_tokens past the context", "POST", M, msgs(max_tokens=10**9)),
+    Hostile("messages, metadata.user_id a number", "POST", M, msgs(metadata={"user_id": 7})),
+    Hostile("count_tokens, no messages", "POST", M + "/count_tokens", js({"model": "x"})),
 ]
 
 
@@ -158,8 +193,13 @@ def base_url(engine: AsyncEngine, tmp_path_factory: pytest.TempPathFactory) -> I
 def _check_refusal(case: Hostile, resp: httpx.Response) -> None:
     assert 400 <= resp.status_code < 500, (case.name, resp.status_code, resp.content[:300])
     assert resp.headers["content-type"].startswith("application/json"), case.name
-    err = resp.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["message"], (case.name, err)
+    if case.path.startswith(M):  # Anthropic's shape
+        body = resp.json()
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, (case.name, body)
+        assert body["error"]["message"] and body["error"]["type"].endswith("_error"), (case.name, body)
+    else:
+        err = resp.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["message"], (case.name, err)
     assert len(resp.content) < 4096, (case.name, len(resp.content))  # nothing echoed in bulk
 
 

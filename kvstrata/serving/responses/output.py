@@ -1,10 +1,15 @@
 """What /v1/responses answers: output items, the response object, and its stream of events.
 
-Items: a `message` (one `output_text` part) for content, a `function_call` (call_id, name, raw
-argument text) per tool call. Streamed, the events are OpenAI's: response.created /
-in_progress, output_item.added, content_part.added, output_text.delta ... done,
-function_call_arguments.delta ... done, output_item.done, response.completed; each with a
-sequence_number.
+Items, in this order: a `reasoning` item for the reply's reasoning (reasoning_items.py), a `message`
+(one `output_text` part) for content, a `function_call` (call_id, name, raw argument text; and
+`namespace` for a namespaced tool, tools.py) per tool call. Streamed, the events are OpenAI's:
+response.created / in_progress, output_item.added, reasoning_text.delta ... done,
+content_part.added, output_text.delta ... done, function_call_arguments.delta ... done,
+output_item.done, response.completed; each with a sequence_number.
+
+usage.output_tokens_details.reasoning_tokens: the tokens sampled while the reply was in its reasoning
+(each engine output's tokens counted by where the splitter was after it; an output that crosses
+`</think>`, as a speculative step's can, counts on the side it ends on).
 """
 from __future__ import annotations
 
@@ -13,6 +18,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvstrata.serving.responses.reasoning_items import reasoning_item
+from kvstrata.serving.responses.tools import ToolSet, chat_name
 from kvstrata.serving.tool_calls.formats import ToolCallFormat
 from kvstrata.serving.tool_calls.output import whole_reply
 
@@ -26,9 +33,23 @@ def message_item(item_id: str, text: str, status: str = "completed") -> dict[str
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": parts}
 
 
-def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
-    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
+def call_item(item_id: str, call_id: str, name: tuple[str | None, str], arguments: str,
+              status: str = "completed") -> dict[str, Any]:
+    """`name`: (namespace, name) as the client wrote the tool (ToolSet.output_name)."""
+    namespace, own = name
+    item = {"type": "function_call", "id": item_id, "call_id": call_id, "name": own, "arguments": arguments,
             "status": status}
+    return item if namespace is None else {**item, "namespace": namespace}
+
+
+@dataclass(frozen=True)
+class OutputPlan:
+    """How one request's reply becomes output items."""
+
+    tool_format: ToolCallFormat | None  # None: the reply is not read for calls
+    reasoning: str | None  # the reasoning parser (serving/reasoning.py); None: no reasoning item
+    tools: ToolSet  # call names back to (namespace, name)
+    encrypted: bool  # reasoning items carry encrypted_content
 
 
 def split_reply(fmt: ToolCallFormat | None, text: str) -> tuple[str, list[tuple[str, str]], bool]:
@@ -42,17 +63,26 @@ def split_reply(fmt: ToolCallFormat | None, text: str) -> tuple[str, list[tuple[
     return content.strip(), [(c.name, c.arguments) for c in calls], complete
 
 
-def output_items(content: str, calls: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    items = [message_item(new_id("msg"), content)] if content or not calls else []
-    return items + [call_item(new_id("fc"), new_id("call"), name, args) for name, args in calls]
+def output_items(plan: OutputPlan, reasoning: str | None, content: str,
+                 calls: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    items = [reasoning_item(new_id("rs"), reasoning, plan.encrypted)] if reasoning is not None else []
+    items += [message_item(new_id("msg"), content)] if content or not (calls or items) else []
+    return items + [call_item(new_id("fc"), new_id("call"), plan.tools.output_name(name), args) for name, args in calls]
 
 
 def conversation_turn(items: list[dict[str, Any]]) -> dict[str, Any]:
     """The assistant chat message these output items are, for the next turn's prompt."""
     text = "".join(p["text"] for i in items if i["type"] == "message" for p in i["content"])
-    calls = [{"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
+    reasoning = "".join(p["text"] for i in items if i["type"] == "reasoning" for p in i["content"])
+    calls = [{"id": i["call_id"], "type": "function",
+              "function": {"name": chat_name(i.get("namespace"), i["name"]), "arguments": i["arguments"]}}
              for i in items if i["type"] == "function_call"]
-    return {"role": "assistant", "content": text or None, **({"tool_calls": calls} if calls else {})}
+    turn: dict[str, Any] = {"role": "assistant", "content": text or None, **({"tool_calls": calls} if calls else {})}
+    if any(i["type"] == "reasoning" for i in items):
+        turn["reasoning_content"] = reasoning
+    if turn["content"] is None and not calls:
+        turn["content"] = ""
+    return turn
 
 
 @dataclass
@@ -78,15 +108,15 @@ class ResponseHeader:
             "top_p": r.get("top_p"), "tool_choice": r.get("tool_choice") or "auto", "tools": r.get("tools") or [],
             "text": r.get("text") or {"format": {"type": "text"}}, "truncation": "disabled",
             "store": r.get("store", True), "usage": usage,
-            "prompt_cache_key": r.get("prompt_cache_key"),
+            "prompt_cache_key": r.get("prompt_cache_key"), "reasoning": r.get("reasoning"),
         }
 
 
-def responses_usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
+def responses_usage(chat_usage: dict[str, Any], reasoning_tokens: int = 0) -> dict[str, Any]:
     return {
         "input_tokens": chat_usage["prompt_tokens"],
         "input_tokens_details": {"cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"]},
         "output_tokens": chat_usage["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": chat_usage["total_tokens"],
     }

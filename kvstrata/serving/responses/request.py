@@ -1,11 +1,18 @@
 """A Responses API request, checked, and turned into the chat request the engine path runs.
 
-Honoured: model, input (a string, or message / function_call / function_call_output items),
-instructions, tools (function tools), tool_choice, parallel_tool_calls, max_output_tokens,
-temperature, top_p, text.format (text / json_object / json_schema), stream, store,
-previous_response_id, metadata, user, include ([]), truncation ('disabled'), and the cache fields
-(prompt_cache_key, prompt_cache_retention, cache_salt) passed through to the chat request. Any
-other field with a value, any other tool or item type, is a 400 naming it.
+Honoured: model, input (a string, or message / function_call / function_call_output / reasoning
+items), instructions, tools (tools.py: function and namespace tools; hosted tools dropped),
+tool_choice, parallel_tool_calls, max_output_tokens, temperature, top_p, text.format (text /
+json_object / json_schema), stream, store, previous_response_id, metadata, user, truncation
+('disabled'), and the cache fields (prompt_cache_key, prompt_cache_retention, cache_salt) passed
+through to the chat request. reasoning.effort reaches the chat template as `reasoning_effort`;
+"none" and "minimal" turn thinking off (`enable_thinking: false`). include may hold only
+"reasoning.encrypted_content" (reasoning_items.py).
+
+Accepted and ignored, for what a local model cannot honour (Codex sends them): reasoning.summary
+(no summariser runs: `summary` stays []), reasoning.context, text.verbosity, service_tier,
+client_metadata, and Codex's `additional_tools` input items are read for their tools only.
+Any other field with a value, any other tool or item type, is a 400 naming it.
 """
 from __future__ import annotations
 
@@ -15,8 +22,19 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kvstrata.engine.sampling_params import InvalidRequestError
 from kvstrata.serving.errors import QUOTE_CHARS, quote
+from kvstrata.serving.responses.reasoning_items import ENCRYPTED_CONTENT, input_reasoning
+from kvstrata.serving.responses.tools import chat_name, chat_tool_choice, request_tools
 
 PASSED_THROUGH = ("prompt_cache_key", "prompt_cache_retention", "cache_salt", "seed", "top_k", "stop")
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+THINKING_OFF = ("none", "minimal")
+# field -> its keys we accept, and each key's allowed values (None: any, checked where it is used)
+_KEYS: dict[str, dict[str, tuple[str, ...] | None]] = {
+    "reasoning": {"effort": EFFORTS, "summary": ("auto", "concise", "detailed"),
+                  "generate_summary": ("auto", "concise", "detailed"), "context": None},
+    "text": {"format": None, "verbosity": ("low", "medium", "high")},
+}
+SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
 
 
 class ResponsesRequest(BaseModel):
@@ -38,16 +56,40 @@ class ResponsesRequest(BaseModel):
     user: str | None = None
     include: list[str] | None = None
     truncation: str | None = None
+    reasoning: dict[str, Any] | None = None
+    service_tier: str | None = None  # ignored: one tier here
+    client_metadata: dict[str, Any] | None = None  # ignored (Codex's session and turn ids)
 
     def refuse_unsupported(self) -> None:
         for name, value in (self.model_extra or {}).items():
             if value is not None and name not in PASSED_THROUGH:
                 raise InvalidRequestError(f"{quote(name)} is not supported by /v1/responses here; omit it",
                                           name[:QUOTE_CHARS], "unsupported")
-        if self.include:
-            raise InvalidRequestError("include is not supported; send [] or omit it", "include", "unsupported")
+        for value in self.include or []:
+            if value != ENCRYPTED_CONTENT:
+                raise InvalidRequestError(f"include {quote(value)} is not supported; only {ENCRYPTED_CONTENT!r}",
+                                          "include", "unsupported")
         if self.truncation not in (None, "disabled"):
             raise InvalidRequestError("truncation may only be 'disabled'", "truncation", "unsupported")
+        if self.service_tier not in (None, *SERVICE_TIERS):
+            raise InvalidRequestError(f"service_tier must be one of {SERVICE_TIERS}", "service_tier")
+        for name, keys in _KEYS.items():
+            for key, value in (getattr(self, name) or {}).items():
+                param = f"{name}.{key}"[:QUOTE_CHARS]
+                if key not in keys:
+                    raise InvalidRequestError(f"{quote(param)} is not supported here; omit it", param, "unsupported")
+                allowed = keys[key]
+                if allowed is not None and value is not None and value not in allowed:
+                    raise InvalidRequestError(f"{param} must be one of {allowed}, got {quote(value)}", param)
+
+    @property
+    def effort(self) -> str | None:
+        return (self.reasoning or {}).get("effort")
+
+    @property
+    def encrypted_reasoning(self) -> bool:
+        """Whether reasoning items carry `encrypted_content` (include: reasoning.encrypted_content)."""
+        return ENCRYPTED_CONTENT in (self.include or [])
 
 
 def _text_of(content: Any, param: str) -> str:
@@ -64,28 +106,57 @@ def _text_of(content: Any, param: str) -> str:
     return "\n".join(texts)
 
 
+def _assistant(out: list[dict[str, Any]], reasoning: str | None, calls: bool) -> dict[str, Any]:
+    """The assistant message the next item belongs to: for a call with no reasoning item before it,
+    the assistant message just before (one reply's text and calls are one message, as the model wrote
+    them and as a stored reply is kept); else a new one (carrying `reasoning`)."""
+    if calls and reasoning is None and out and out[-1]["role"] == "assistant":
+        return out[-1]
+    message: dict[str, Any] = {"role": "assistant", "content": None if calls else ""}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    out.append(message)
+    return message
+
+
 def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Input items -> chat messages (consecutive function calls join one assistant message)."""
+    """Input items -> chat messages (an assistant message and the function calls right after it are
+    one assistant message; a reasoning item's text goes with the assistant message after it)."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     out: list[dict[str, Any]] = []
+    reasoning: str | None = None  # of a reasoning item not yet given to an assistant message
     for i, item in enumerate(items):
         param = f"input[{i}]"
         kind = item.get("type", "message")
+        if kind == "reasoning":
+            text = input_reasoning(item, param)
+            if text is not None:
+                reasoning = text if reasoning is None else reasoning + text
+            continue
+        if kind == "additional_tools":
+            continue  # its tools are read with `tools` (tools.py)
+        role = item.get("role") if kind == "message" else "assistant" if kind == "function_call" else None
+        if reasoning is not None and role != "assistant":
+            _assistant(out, reasoning, calls=False)  # reasoning with no reply after it
+            reasoning = None
         if kind == "message":
-            role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
                 raise InvalidRequestError(f"{param}.role must be user, assistant, system or developer", f"{param}.role")
-            out.append({"role": role, "content": _text_of(item.get("content"), f"{param}.content")})
+            text = _text_of(item.get("content"), f"{param}.content")
+            if role == "assistant":
+                _assistant(out, reasoning, calls=False)["content"] = text
+            else:
+                out.append({"role": role, "content": text})
         elif kind == "function_call":
             if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
                 raise InvalidRequestError(f"{param} needs string call_id, name and arguments", param)
+            namespace = item.get("namespace")
+            if namespace is not None and not isinstance(namespace, str):
+                raise InvalidRequestError(f"{param}.namespace must be a string", f"{param}.namespace")
             call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]}}
-            if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls"):
-                out[-1]["tool_calls"].append(call)
-            else:
-                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                    "function": {"name": chat_name(namespace, item["name"]), "arguments": item["arguments"]}}
+            _assistant(out, reasoning, calls=True).setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
             output = item.get("output")
             if not isinstance(item.get("call_id"), str):
@@ -93,28 +164,13 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             text = output if isinstance(output, str) else _text_of(output, f"{param}.output")
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
         else:
-            raise InvalidRequestError(f"{param}.type {quote(kind)} is not supported; send message, function_call or "
-                                      "function_call_output items", f"{param}.type")
+            raise InvalidRequestError(f"{param}.type {quote(kind)} is not supported; send message, function_call, "
+                                      "function_call_output or reasoning items", f"{param}.type")
+        if role == "assistant":
+            reasoning = None
+    if reasoning is not None:
+        _assistant(out, reasoning, calls=False)
     return out
-
-
-def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    if tools is None:
-        return None
-    out = []
-    for i, tool in enumerate(tools):
-        if tool.get("type") != "function":
-            msg = f"tools[{i}].type {quote(tool.get('type'))} is not supported; only function tools"
-            raise InvalidRequestError(msg, f"tools[{i}].type", "unsupported")
-        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
-        out.append({"type": "function", "function": fn})
-    return out
-
-
-def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-    if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
-        return {"type": "function", "function": {"name": choice["name"]}}
-    return choice
 
 
 def chat_response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -136,11 +192,13 @@ def chat_body(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[dic
     """(chat request body, the conversation without instructions, to store for the next turn)."""
     conversation = history + input_messages(req.input)
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    tools = request_tools(req.tools, req.input).tools or None
     body: dict[str, Any] = {
-        "model": req.model, "messages": system + conversation, "tools": chat_tools(req.tools),
+        "model": req.model, "messages": system + conversation, "tools": tools,
         "tool_choice": chat_tool_choice(req.tool_choice), "parallel_tool_calls": req.parallel_tool_calls,
         "max_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
-        "response_format": chat_response_format(req.text), "user": req.user,
+        "response_format": chat_response_format(req.text), "user": req.user, "reasoning_effort": req.effort,
+        "chat_template_kwargs": {"enable_thinking": False} if req.effort in THINKING_OFF else None,
         **{k: v for k, v in (req.model_extra or {}).items() if k in PASSED_THROUGH and v is not None},
     }
     if not body["tools"]:

@@ -3,7 +3,9 @@ through the same validation, tool planning, constrained decoding and engine, and
 response object or its event stream. Stored responses (`store`, default true) let a later request
 send only its new input with `previous_response_id`; the conversation is re-rendered from the
 stored messages in the same spelling, so the prompt starts with the previous prompt and reply and
-the prefix cache serves them (`usage.input_tokens_details.cached_tokens`).
+the prefix cache serves them (`usage.input_tokens_details.cached_tokens`). A client that stores
+nothing here (`store: false`, as Codex) sends the whole history instead, its reasoning items included
+(reasoning_items.py), and gets the same prompt.
 
 Stored responses belong to the API key's tenant (store.py): another tenant's id is "not found",
 word for word. Every answer carries `RESPONSE_ID_HEADER`, which the DP gateway reads to send a
@@ -26,12 +28,14 @@ from kvstrata.serving.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnecte
 from kvstrata.serving.errors import quote, validation_error_to_api_error
 from kvstrata.serving.prepare import prepare_chat
 from kvstrata.serving.protocol import ChatCompletionRequest
+from kvstrata.serving.reasoning import ReasoningSplitter, split_reasoning
 from kvstrata.serving.responses.output import (
-    ResponseHeader, conversation_turn, new_id, output_items, responses_usage, split_reply,
+    OutputPlan, ResponseHeader, conversation_turn, new_id, output_items, responses_usage, split_reply,
 )
 from kvstrata.serving.responses.request import ResponsesRequest, chat_body
 from kvstrata.serving.responses.store import ResponseStore
 from kvstrata.serving.responses.stream import response_events
+from kvstrata.serving.responses.tools import request_tools
 from kvstrata.serving.streaming import UsageTracker, fan_out, merge_choices, raise_if_failed
 from kvstrata.serving.tool_calls.output import finish_reason
 
@@ -43,18 +47,25 @@ if TYPE_CHECKING:
 RESPONSE_ID_HEADER = "x-kvstrata-response-id"
 
 
-async def _collect(outputs: AsyncIterator[tuple[int, RequestOutput]], usage: UsageTracker) -> tuple[str, str | None]:
-    """(text, finish reason) of the one choice."""
-    texts, reason = [], None
+async def _collect(
+    outputs: AsyncIterator[tuple[int, RequestOutput]], usage: UsageTracker, reasoning: str | None,
+) -> tuple[str, str | None, int]:
+    """(text, finish reason, reasoning tokens: counted as stream.py counts them) of the one choice."""
+    texts: list[str] = []
+    reason: str | None = None
+    spent = 0
+    splitter = ReasoningSplitter(reasoning) if reasoning is not None else None
     try:
         async for index, out in outputs:
             usage.observe(index, out)
             raise_if_failed(out)
             texts.append(out.new_text)
             reason = out.finish_reason if out.finished else reason
+            if splitter is not None and (splitter.feed(out.new_text, out.finished)[0] or splitter.thinking):
+                spent += len(out.new_token_ids)
     finally:
         await outputs.aclose()  # type: ignore[attr-defined]
-    return "".join(texts), reason
+    return "".join(texts), reason, spent
 
 
 def install_responses_route(app: FastAPI, state: ServerState, store: ResponseStore | None = None) -> ResponseStore:
@@ -77,9 +88,14 @@ def install_responses_route(app: FastAPI, state: ServerState, store: ResponseSto
             chat = ChatCompletionRequest.model_validate(body)
         except ValidationError as exc:
             raise validation_error_to_api_error(exc.errors()) from None
-        # template, tokenizer and schema checks: CPU work, kept off the event loop
-        prepared = await asyncio.to_thread(prepare_chat, chat, engine, state.server_cfg.tool_call_parser)
+        tools = request_tools(req.tools, req.input)
+        cfg = state.server_cfg
+        try:  # template, tokenizer and schema checks: CPU work, kept off the event loop
+            prepared = await asyncio.to_thread(prepare_chat, chat, engine, cfg.tool_call_parser, cfg.reasoning_parser)
+        except InvalidRequestError as exc:  # a bad tool named where the client wrote it
+            raise tools.client_error(exc) from None
         prepared = scoped_to_tenant(prepared, tenant)
+        plan = OutputPlan(prepared.tool_format, prepared.reasoning, tools, req.encrypted_reasoning)
         response_id = new_id("resp")
         header = ResponseHeader(response_id, engine.served_model_name, req.model_dump(exclude_none=True))
         jobs = fan_out(response_id, prepared)
@@ -92,17 +108,19 @@ def install_responses_route(app: FastAPI, state: ServerState, store: ResponseSto
                 store.put(tenant, response_id, conversation + [conversation_turn(items)])
 
         if req.stream:
-            events = response_events(header, prepared.tool_format, outputs, usage, keep)
+            events = response_events(header, plan, outputs, usage, keep)
             return StreamingResponse(events, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", **headers})
         try:
-            text, reason = await until_disconnect(request, _collect(outputs, usage))
+            text, reason, spent = await until_disconnect(request, _collect(outputs, usage, prepared.reasoning))
         except ClientDisconnected:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
+        reasoning, text = split_reasoning(prepared.reasoning, text)
         content, calls, complete = split_reply(prepared.tool_format, text)
-        items = output_items(content, calls)
+        items = output_items(plan, reasoning, content, calls)
         keep(items)
         reason = finish_reason(complete, reason)
-        return JSONResponse(header.body("completed", items, responses_usage(usage.body()), reason), headers=headers)
+        return JSONResponse(header.body("completed", items, responses_usage(usage.body(), spent), reason),
+                            headers=headers)
 
     return store

@@ -100,6 +100,7 @@ CHANGES_OUTPUT = {  # field -> a value that must give another key
     "min_p": 0.1, "repetition_penalty": 1.2,
     "logit_bias": {"5": 1.0}, "logprobs": True, "top_logprobs": 2, "tools": [TOOL], "tool_choice": "none",
     "response_format": {"type": "json_object"}, "parallel_tool_calls": False,
+    "chat_template_kwargs": {"enable_thinking": False}, "reasoning_effort": "none",
 }
 COMPLETION_CHANGES = {
     "prompt": "hello", "logprobs": 1, "echo": True, "suffix": "x", "best_of": 2,
@@ -125,6 +126,12 @@ def test_every_output_affecting_field_changes_the_key_and_no_other(make: Any, ch
     assert request_key(route, make(cache=False, vendor_extra=1), NS) == base  # fields pydantic ignores
     assert request_key(COMPLETIONS if route == CHAT else CHAT, make(), NS) != base
     assert request_key(route, make(), "smollm2|weights|other-template") != base
+
+
+def test_a_history_reply_s_reasoning_is_in_the_key() -> None:
+    turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]
+    thought = [turn[0], {**turn[1], "reasoning_content": "plan"}, turn[2]]
+    assert request_key(CHAT, chat(messages=turn), NS) != request_key(CHAT, chat(messages=thought), NS)
 
 
 def test_spellings_of_one_meaning_share_a_key() -> None:
