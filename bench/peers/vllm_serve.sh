@@ -13,7 +13,7 @@ if [[ " ${args[*]-} " != *" --dtype "* && " ${args[*]-} " != *" --dtype="* ]]; t
   dtype="$("$py" -m kvstrata.cli dtype-plan --peer-dtype 2>/dev/null || echo auto)"
   args+=(--dtype "$dtype")
 fi
-export VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=0-1
+export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}" VLLM_CPU_OMP_THREADS_BIND=0-1  # GB; a caller may give more
 # an AVX2 cap (KVSTRATA_CPU_ISA, docs/cpu-kernels.md) holds for the peer too: its kernel library by that cap, not the hardware
 if [ "$(echo "${KVSTRATA_CPU_ISA:-}" | tr -d ' ' | tr A-Z a-z)" = avx2 ]; then
   export PYTHONPATH="$PWD/bench/peers/avx2cap${PYTHONPATH:+:$PYTHONPATH}"

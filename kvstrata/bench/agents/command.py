@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -66,8 +67,8 @@ class Turn:
 
 
 def _engine_args(engine: str, context: int, store: Path | None) -> list[str]:
-    if engine.startswith("kvstrata"):
-        extra = ["--max-model-len", str(context)]
+    if engine.startswith("kvstrata"):  # a KV pool of two contexts: a session and the shared prefix of the next
+        extra = ["--max-model-len", str(context), "--max-total-tokens", str(2 * context)]
         if store is not None:
             extra += ["--kvstore-storage-backend", "file", "--kvstore-storage-backend-extra-config",
                       json.dumps({"path": str(store)})]
@@ -115,10 +116,20 @@ def _run_sessions(engine: str, client: AgentClient, proxy: MeasuringProxy, root:
     return out
 
 
+def _kv_gb(model_file: str, tokens: int) -> int:
+    """GB of KV cache `tokens` tokens of the model take in bf16, rounded up (vLLM CPU's KV space)."""
+    from kvstrata.model.weights import load_weights
+
+    a = load_weights(model_file).arch
+    return -(-a.num_layers * a.num_kv_heads * a.head_dim * 2 * 2 * tokens // 10**9)
+
+
 def _run_engine(engine: str, client: AgentClient, args: argparse.Namespace, root: Path) -> list[Turn]:
     restart = args.restart_l3 and engine.startswith("kvstrata")
     store = root / "kvstore" if restart else None
     extra = _engine_args(engine, args.context, store)
+    if engine.startswith("vllm"):  # bench/peers/vllm_serve.sh's 2 GB holds less than one context of most models
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(2, _kv_gb(args.model_file, 2 * args.context)))
     turns: list[Turn] = []
     for phase in ("sessions", "restart") if restart else ("sessions",):
         port = free_port()
