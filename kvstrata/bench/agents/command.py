@@ -67,15 +67,17 @@ class Turn:
 
 
 def _engine_args(engine: str, context: int, store: Path | None) -> list[str]:
-    if engine.startswith("kvstrata"):  # a KV pool of two contexts: a session and the shared prefix of the next
-        extra = ["--max-model-len", str(context), "--max-total-tokens", str(2 * context)]
+    if engine.startswith("kvstrata"):  # a KV pool of two contexts (a session and the shared prefix of the
+        # next), and an L2 of 4 GB: the default ratio (2x L1) would ask for 15 GB more at 64k tokens
+        extra = ["--max-model-len", str(context), "--max-total-tokens", str(2 * context), "--kvstore-size", "4"]
         if store is not None:
             extra += ["--kvstore-storage-backend", "file", "--kvstore-storage-backend-extra-config",
                       json.dumps({"path": str(store)})]
         return extra
-    if engine == "llamacpp":
-        return ["-c", str(context), "-np", "1"]  # one slot of the whole context (the sessions run one at a time)
-    return ["--max-model-len", str(context)]
+    if engine == "llamacpp":  # one slot of the whole context (sessions run one at a time); --jinja: the GGUF's
+        return ["-c", str(context), "-np", "1", "--jinja"]  # template, with the tools written into the prompt
+    # vLLM refuses tool_choice "auto" without a parser (Claude Code sends tools on every request)
+    return ["--max-model-len", str(context), "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 
 
 def main_exchange(exchanges: list[Exchange]) -> Exchange | None:

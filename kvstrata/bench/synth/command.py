@@ -32,6 +32,9 @@ def add_synth_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tokenizer-from", default="smollm2", help="a GGUF (or model name) whose tokenizer to copy")
     parser.add_argument("--llama-quantize", type=Path, help=f"llama-quantize binary (default: {PEER_QUANTIZE} or PATH)")
+    parser.add_argument("--chat-template", type=Path,
+                        help="a Jinja file to write as the chat template instead of the tokenizer GGUF's (e.g. "
+                             "bench/templates/chatml-tools.jinja, which renders tools)")
     parser.add_argument("--ends-replies", action="store_true",
                         help="rig the weights so replies end after a few tokens (synth/ending.py), for agent CLIs "
                              "that refuse replies cut by max_tokens (`kvstrata bench agents`)")
@@ -68,6 +71,7 @@ def run_synth_model(args: argparse.Namespace) -> int:
     tokenizer = resolve_model(args.tokenizer_from)
     start = time.perf_counter()
     eos = end_of_turn_id(tokenizer) if args.ends_replies else None
+    template = args.chat_template.read_text(encoding="utf-8") if args.chat_template else None
     if args.direct or quant == "Q8_0":
         if quant not in BLOCK_TYPES:
             print(f"--direct writes one block type ({', '.join(sorted(BLOCK_TYPES))}), not {quant}", file=sys.stderr)
@@ -75,7 +79,7 @@ def run_synth_model(args: argparse.Namespace) -> int:
         if eos is not None and quant != "Q8_0":
             print("--ends-replies rigs Q8_0 blocks: use --quant Q8_0, or a llama-quantize type", file=sys.stderr)
             return 2
-        write_gguf(out, shape, lambda name: quant, tokenizer, args.seed, eos)
+        write_gguf(out, shape, lambda name: quant, tokenizer, args.seed, eos, template)
     else:
         quantize = find_quantize(args.llama_quantize)
         if quantize is None:
@@ -84,7 +88,7 @@ def run_synth_model(args: argparse.Namespace) -> int:
             return 2
         source = out.with_name(out.stem + ".q8_0.tmp.gguf")
         try:
-            write_gguf(source, shape, lambda name: "Q8_0", tokenizer, args.seed, eos)
+            write_gguf(source, shape, lambda name: "Q8_0", tokenizer, args.seed, eos, template)
             done = subprocess.run([str(quantize), "--allow-requantize", str(source), str(out), quant],
                                   capture_output=True, text=True)
         finally:

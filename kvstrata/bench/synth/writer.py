@@ -53,9 +53,10 @@ def tensor_shapes(shape: ModelShape, untied: bool = False) -> Iterator[tuple[str
 
 
 def write_gguf(path: Path, shape: ModelShape, types: Callable[[str], str], tokenizer_from: Path, seed: int = 0,
-               ends_replies: int | None = None) -> None:
+               ends_replies: int | None = None, chat_template: str | None = None) -> None:
     """Write the model to `path`; `types(name)` is the block type of each 2-D weight (BLOCK_TYPES);
-    `ends_replies`: an end-of-turn token id its replies end with (ending.py; Q8_0 weights only)."""
+    `ends_replies`: an end-of-turn token id its replies end with (ending.py; Q8_0 weights only);
+    `chat_template`: the template to write instead of the tokenizer GGUF's."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -74,7 +75,7 @@ def write_gguf(path: Path, shape: ModelShape, types: Callable[[str], str], token
     writer.add_float32(f"{a}.rope.freq_base", shape.rope_theta)
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)
     writer.add_string("general.name", f"kvstrata synthetic {a} {shape.hidden}x{shape.layers}")
-    _copy_tokenizer(writer, tokenizer_from)
+    _copy_tokenizer(writer, tokenizer_from, chat_template)
     plan = list(tensor_shapes(shape, untied=ends_replies is not None))
     for name, dims in plan:
         if len(dims) == 1:
@@ -102,11 +103,15 @@ def write_gguf(path: Path, shape: ModelShape, types: Callable[[str], str], token
     writer.close()
 
 
-def _copy_tokenizer(writer: object, source: Path) -> None:
+def _copy_tokenizer(writer: object, source: Path, chat_template: str | None = None) -> None:
     import gguf
 
     reader = gguf.GGUFReader(str(source))
+    if chat_template is not None:
+        writer.add_string("tokenizer.chat_template", chat_template)  # type: ignore[attr-defined]
     for key, field in reader.fields.items():
+        if key == "tokenizer.chat_template" and chat_template is not None:
+            continue
         if key.startswith("tokenizer."):
             vtype = field.types[0]
             sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None

@@ -39,3 +39,16 @@ def test_ends_replies_makes_sampled_replies_short(tmp_path: Path, smollm2_path: 
     lengths = sorted(len(o.token_ids) for o in outs)
     assert all(o.finish_reason == "stop" for o in outs), lengths  # each ended by itself
     assert lengths[8] <= 30, lengths
+
+
+def test_a_chat_template_file_replaces_the_copied_one(tmp_path: Path, smollm2_path: Path) -> None:
+    from kvstrata.model.tokenizer import Tokenizer
+
+    template = Path(__file__).resolve().parents[3] / "bench/templates/chatml-tools.jinja"
+    path = tmp_path / "tools.gguf"
+    write_gguf(path, SHAPES["tiny"], lambda name: "Q8_0", smollm2_path, chat_template=template.read_text())
+    tok = Tokenizer.from_path(path)
+    tool = {"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tools=[tool])
+    assert "<tools>" in text and '"read_file"' in text and text.endswith("<|im_start|>assistant\n")
+    assert tok.eos_token_ids == Tokenizer.from_path(smollm2_path).eos_token_ids  # <|im_end|> still ends a turn
