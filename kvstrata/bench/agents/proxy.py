@@ -3,7 +3,8 @@
 Every engine is timed the same way, whatever it reports itself: for each POST the proxy records when the
 request arrived, when the first generated content went back (the first SSE event of a content block or
 an output delta: `content_block_start`/`_delta` for Anthropic's stream, `response.output_item.added`/
-`*.delta` for the Responses API, a `choices` delta for chat), when it ended, its status, and the usage
+`*.delta` for the Responses API, a `choices` delta for chat; for a reply with no content, the end event:
+its first token ended it), when it ended, its status, and the usage
 the engine reported at the end (prompt tokens and cached tokens, in whichever API's spelling).
 """
 from __future__ import annotations
@@ -22,7 +23,9 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 _CONTENT_EVENTS = ('"content_block_start"', '"content_block_delta"', '"response.output_item.added"',
-                   '.delta"', '"choices": [{"index"', '"choices":[{"index"')
+                   '.delta"', '"choices": [{"index"', '"choices":[{"index"',
+                   # a reply whose first token ends it has no content: its first token is the end
+                   '"message_delta"', '"response.completed"', '"response.incomplete"', 'data: [DONE]')
 _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "accept-encoding"}
 
 
