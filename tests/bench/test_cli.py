@@ -16,7 +16,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-REQUIRED_ARGS = {"trace": ["trace.jsonl"]}  # commands with a positional argument
+REQUIRED_ARGS = {"trace": ["trace.jsonl"], "agents": ["--model-file", "m.gguf"]}  # commands with a required argument
 
 
 @pytest.mark.parametrize("command", BENCH_COMMANDS, ids=lambda c: c.name)
