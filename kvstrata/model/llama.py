@@ -242,8 +242,8 @@ class LlamaModel:
         cos_t, sin_t = self.cos[positions], self.sin[positions]  # [T, D]
         x = self.embedding(input_ids)  # [T, hidden]: the residual stream, added to in place
         # a step of up to decode_max_rows rows runs on the quantized kernels if it is decode rows, or where
-        # the model keeps no dense copy (a prefill step would dequantize every linear for a few tokens: an
-        # agent's next turn, ~30 new tokens, spent ~0.6 s of its TTFT there on a 0.6B Q8_0 model)
+        # the model keeps no dense copy (a prefill step would dequantize every linear for a few tokens, as an
+        # agent's next turn does)
         narrow = T <= self.q4_max_rows or (T <= self.decode_max_rows and (meta.pure_decode(T) or not self.dense_linears))
         if narrow and self.decode_layers is not None and self.decode_layers.applies(meta, T):
             self.decode_layers.run(x, self._norm(x, self.layers[0].input_norm), k_cache, v_cache, cos_t, sin_t, meta)

@@ -42,6 +42,7 @@ from kvstrata.serving.streaming import (
     ResponseShape,
     UsageTracker,
     fan_out,
+    first_output,
     merge_choices,
     raise_if_failed,
     sse_events,
@@ -52,10 +53,6 @@ if TYPE_CHECKING:
     from kvstrata.engine.async_engine import AsyncEngine
 
 logger = logging.getLogger(__name__)
-
-
-async def _first(outputs: AsyncIterator[tuple[int, RequestOutput]]) -> tuple[int, RequestOutput]:
-    return await outputs.__anext__()
 
 
 async def _collect(
@@ -96,7 +93,7 @@ async def _serve(
     streaming = False
     try:
         if stream:
-            first = await until_disconnect(request, _first(outputs))  # errors before a token get a status
+            first = await until_disconnect(request, first_output(outputs))  # errors before a token get a status
             raise_if_failed(first[1])
             body = sse_events(shape, first, outputs, usage, len(jobs), include_usage)
             streaming = True  # the stream's end releases the ticket

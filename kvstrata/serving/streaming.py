@@ -56,6 +56,11 @@ def fan_out(request_id: str, prepared: PreparedRequest) -> list[ChoiceJob]:
     ]
 
 
+async def first_output(outputs: AsyncIterator[tuple[int, RequestOutput]]) -> tuple[int, RequestOutput]:
+    """The first (choice index, output) of a merged stream: a stream's status waits for it."""
+    return await outputs.__anext__()
+
+
 def raise_if_failed(out: RequestOutput) -> None:
     if out.finish_reason == "error":
         msg = f"generation failed: {out.error or 'unknown engine error'}"

@@ -68,7 +68,7 @@ class Turn:
 
 def _engine_args(engine: str, context: int, store: Path | None) -> list[str]:
     if engine.startswith("kvstrata"):  # a KV pool of two contexts (a session and the shared prefix of the
-        # next), and an L2 of 4 GB: the default ratio (2x L1) would ask for 15 GB more at 64k tokens
+        # next), and an L2 of 4 GB: the default ratio (2x L1) asks for twice the pool again in host memory
         extra = ["--max-model-len", str(context), "--max-total-tokens", str(2 * context), "--kvstore-size", "4"]
         if store is not None:
             extra += ["--kvstore-storage-backend", "file", "--kvstore-storage-backend-extra-config",

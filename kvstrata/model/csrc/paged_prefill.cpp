@@ -182,7 +182,7 @@ void paged_prefill_impl(const at::Tensor& q, const at::Tensor& k_cache, const at
   bf16* o_p = out.data_ptr<bf16>();
   constexpr int64_t block_words = kBk * D / 2;  // one packed block of K (or V), in 32-bit pairs
   // the calling thread's buffers, kept between calls: a few queries over a long context (an agent's next
-  // turn) spent most of their time faulting in and zeroing fresh ones (12k tokens: 34 -> 5 ms a layer)
+  // turn) spent most of their time faulting in and zeroing fresh ones (docs/cpu-kernels.md)
   thread_local std::vector<uint32_t> kpack, vpack;
   const size_t words = static_cast<size_t>(Hkv * nkb * block_words);
   if (kpack.size() < words) {

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import replace
@@ -24,7 +25,7 @@ from kvstrata.engine.sampling_params import PROMPT_CACHE_KEY_MAX_CHARS, InvalidR
 from kvstrata.serving.messages.request import MessagesRequest
 from kvstrata.serving.prepare import PreparedRequest
 from kvstrata.serving.protocol import ChatCompletionRequest
-from kvstrata.serving.tool_calls.plan import plan_tools
+from kvstrata.serving.tool_calls.plan import template_input
 
 if TYPE_CHECKING:
     from kvstrata.model.tokenizer import Tokenizer
@@ -89,20 +90,13 @@ def prefix_tokens(chat: ChatCompletionRequest, messages: int, tokenizer: Tokeniz
                   prompt: list[int]) -> int:
     """How many of `prompt`'s tokens the conversation's first `messages` messages render to (the part
     of their rendering that is a prefix of the prompt: a template may render a last message apart)."""
-    head = chat.model_copy(update={"messages": chat.messages[:messages], "tool_choice": None})
-    try:
-        plan = plan_tools(head, tokenizer, parser)
-        text = tokenizer.apply_chat_template(plan.messages, add_generation_prompt=False, tools=plan.template_tools,
-                                             **chat.template_kwargs())
+    head = chat.model_copy(update={"messages": chat.messages[:messages]})
+    try:  # rendered as prepare_chat renders it, without its checks and grammar (the request passed them)
+        shown, tools = template_input(head, tokenizer, parser)
+        text = tokenizer.apply_chat_template(shown, add_generation_prompt=False, tools=tools, **chat.template_kwargs())
     except Exception:  # noqa: BLE001 - a template that will not end there: no breakpoint, nothing retained
         return 0
-    ids = tokenizer.encode(text)
-    n = 0
-    for a, b in zip(ids, prompt):
-        if a != b:
-            break
-        n += 1
-    return n
+    return len(os.path.commonprefix([tokenizer.encode(text), prompt]))
 
 
 def with_breakpoint(prepared: PreparedRequest, chat: ChatCompletionRequest, mark: Breakpoint | None,

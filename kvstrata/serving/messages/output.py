@@ -19,6 +19,7 @@ from typing import Any
 
 from kvstrata.serving.reasoning import split_reasoning
 from kvstrata.serving.responses.output import split_reply
+from kvstrata.serving.streaming import UsageTracker
 from kvstrata.serving.tool_calls.formats import ToolCallFormat
 
 
@@ -64,6 +65,13 @@ class Usage:
     cached_tokens: int
     output_tokens: int
     breakpoint_tokens: int = 0  # the prompt's tokens up to its last cache_control breakpoint
+
+    @classmethod
+    def of(cls, tracker: UsageTracker, breakpoint_tokens: int) -> Usage:
+        """A one-choice request's counts so far, from the tracker the routes keep."""
+        body = tracker.body()
+        return cls(body["prompt_tokens"], body["prompt_tokens_details"]["cached_tokens"], body["completion_tokens"],
+                   breakpoint_tokens)
 
     def body(self) -> dict[str, int]:
         read = min(self.cached_tokens, self.prompt_tokens)

@@ -29,7 +29,7 @@ from kvstrata.serving.messages.stream import message_events
 from kvstrata.serving.prepare import PreparedRequest, prepare_chat
 from kvstrata.serving.protocol import ChatCompletionRequest
 from kvstrata.serving.response_cache.key import CHAT
-from kvstrata.serving.streaming import UsageTracker, fan_out, merge_choices, raise_if_failed
+from kvstrata.serving.streaming import UsageTracker, fan_out, first_output, merge_choices, raise_if_failed
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -65,16 +65,6 @@ async def _collect(outputs: AsyncIterator[tuple[int, RequestOutput]], usage: Usa
     return "".join(texts), last
 
 
-async def _first(outputs: AsyncIterator[tuple[int, RequestOutput]]) -> tuple[int, RequestOutput]:
-    return await outputs.__anext__()
-
-
-def _usage(usage: UsageTracker, breakpoint_tokens: int) -> Usage:
-    body = usage.body()
-    return Usage(body["prompt_tokens"], body["prompt_tokens_details"]["cached_tokens"], body["completion_tokens"],
-                 breakpoint_tokens)
-
-
 async def _serve(request: Request, engine: AsyncEngine, prepared: PreparedRequest, breakpoint_tokens: int,
                  stream: bool) -> Response:
     header = MessageHeader(engine.served_model_name)
@@ -84,7 +74,7 @@ async def _serve(request: Request, engine: AsyncEngine, prepared: PreparedReques
     reasoning, fmt = prepared.reasoning, prepared.tool_format
     try:
         if stream:
-            first = await until_disconnect(request, _first(outputs))  # errors before a token get a status
+            first = await until_disconnect(request, first_output(outputs))  # errors before a token get a status
             raise_if_failed(first[1])
             events = message_events(header, reasoning, fmt, first, outputs, usage, breakpoint_tokens)
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -98,7 +88,7 @@ async def _serve(request: Request, engine: AsyncEngine, prepared: PreparedReques
         raise
     blocks, called = reply_blocks(reasoning, fmt, text)
     reason = stop_reason(last.finish_reason, last.stop_string, called)
-    return JSONResponse(header.body(blocks, reason, last.stop_string, _usage(usage, breakpoint_tokens)))
+    return JSONResponse(header.body(blocks, reason, last.stop_string, Usage.of(usage, breakpoint_tokens)))
 
 
 def install_messages_routes(app: FastAPI, state: ServerState) -> None:

@@ -114,15 +114,10 @@ async def message_events(
     reply = _Reply(ReasoningSplitter(reasoning) if reasoning is not None else None,
                    ToolCallStream(fmt) if fmt is not None else None)
 
-    def counts() -> Usage:
-        body = usage.body()
-        return Usage(body["prompt_tokens"], body["prompt_tokens_details"]["cached_tokens"],
-                     body["completion_tokens"], breakpoint_tokens)
-
     try:
         usage.observe(*first)
         raise_if_failed(first[1])
-        yield event("message_start", message=header.body([], None, None, counts()))
+        yield event("message_start", message=header.body([], None, None, Usage.of(usage, breakpoint_tokens)))
         last = first[1]
         for piece in reply.feed(last.new_text, last.finished):
             yield piece
@@ -141,7 +136,7 @@ async def message_events(
         reason = stop_reason(last.finish_reason, last.stop_string, called)
         yield event("message_delta", delta={"stop_reason": reason,
                                             "stop_sequence": last.stop_string if reason == "stop_sequence" else None},
-                    usage=counts().body())
+                    usage=Usage.of(usage, breakpoint_tokens).body())
         yield event("message_stop")
         on_done()
     except Exception as exc:  # noqa: BLE001 - reported in-band: the 200 status is already sent
