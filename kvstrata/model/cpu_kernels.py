@@ -161,6 +161,13 @@ def silu_mul_simd() -> bool:
     return "avx512f" in flags or all(f in flags for f in ("avx2", "fma"))
 
 
+def amx_bf16_attention() -> bool:
+    """Whether paged_decode scores a bf16 cache on AMX tiles here (paged_decode_amx.h): the CPU lists
+    amx_bf16 and amx_tile (under the ISA cap). Its row groups then also serve bf16 prefill chunks."""
+    flags = _cpu_flags()
+    return "amx_bf16" in flags and "amx_tile" in flags
+
+
 def int_dot_simd() -> bool:
     """Whether int8_head.cpp and int_dot_linear.cpp get a vector form here: vpdpbusd (AVX512-VNNI) or its
     AVX2 equivalent (vpmaddubsw + vpmaddwd, with FMA and F16C); both give the same bits."""

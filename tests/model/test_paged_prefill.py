@@ -89,8 +89,9 @@ def test_bad_inputs_raise_instead_of_reading_out_of_bounds() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_backend_uses_the_kernel_where_it_applies_and_sdpa_elsewhere(dtype: torch.dtype) -> None:
-    """A step of two prefill chunks and one decode row through CpuPagedBackend: each chunk as the
-    kernel (bf16 here) or SDPA (float32, or a CPU without the kernel) computes it alone."""
+    """A step of two prefill chunks and one decode row through CpuPagedBackend: each chunk as the decode
+    kernel's one-row steps (bf16 on AMX-BF16), the prefill kernel (bf16 elsewhere with AVX512-BF16) or
+    SDPA (float32, or a CPU without the kernel) computes it alone."""
     q1, k, v, pages = case(50, 121, seed=7)  # pages for 121 tokens: the first 4 hold the first chunk
     q2 = case(20, 120, seed=8)[0]
     qd = case(1, 1, seed=9)[0]
@@ -103,7 +104,14 @@ def test_backend_uses_the_kernel_where_it_applies_and_sdpa_elsewhere(dtype: torc
                              decode_lens_t=torch.tensor([121]),
                              decode_mask=(torch.arange(8 * PS) < 121)[None, None, None, :])
     out = CpuPagedBackend().forward(q, k, v, meta)
-    if dtype == torch.bfloat16 and NATIVE:
+    if dtype == torch.bfloat16 and NATIVE and cpu_kernels.amx_bf16_attention():
+        # on AMX-BF16 a chunk is the decode kernel's row group: each row's bits are its one-row step's
+        def steps(q_rows: torch.Tensor, table: torch.Tensor, first_len: int) -> torch.Tensor:
+            return torch.cat([cpu_kernels.paged_decode(q_rows[i:i + 1], k, v, table[None, :],
+                                                       torch.tensor([first_len + i]), PS) for i in range(len(q_rows))])
+
+        want1, want2 = steps(q[:50], pages[:4], 1), steps(q[50:70], tail, 101)
+    elif dtype == torch.bfloat16 and NATIVE:
         want1 = cpu_kernels.paged_prefill(q[:50], k, v, pages[:4], 50, PS)
         want2 = cpu_kernels.paged_prefill(q[50:70], k, v, tail, 120, PS)
     else:

@@ -49,12 +49,18 @@ def test_turns_hit_previous_prompt_and_reply(real_server: ServerThread) -> None:
 
 
 def test_real_model_answers_sensibly(real_server: ServerThread) -> None:
+    """Capitals the 135M model knows, asked greedily. One of them may sit on a near tie that bf16 and float32
+    break differently (float32 misses Italy, bf16 on AMX row-group attention misses France: docs/cpu-kernels.md),
+    so three of four must be right; a broken model path gets none."""
     client = openai_client(real_server, timeout=120)
-    r = client.chat.completions.create(
-        model="smollm2", messages=[{"role": "user", "content": "What is the capital of France?"}],
-        max_tokens=16, temperature=0,
-    )
-    assert "Paris" in (r.choices[0].message.content or "")
-    assert r.choices[0].finish_reason in ("stop", "length")
+    right = 0
+    for country, city in [("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Japan", "Tokyo")]:
+        r = client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": f"What is the capital of {country}?"}],
+            max_tokens=16, temperature=0,
+        )
+        right += city in (r.choices[0].message.content or "")
+        assert r.choices[0].finish_reason in ("stop", "length")
+    assert right >= 3, right
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])

@@ -117,7 +117,7 @@ def test_q4_decode_on_needs_quantized_weights(tiny_model_dir: Path) -> None:
 def test_a_prompt_longer_than_a_step_on_a_model_without_dense_copies() -> None:
     """The first chunks of a long prompt want no logits: the head (int8, exact rows from the file) gets
     zero rows and must give zero rows of logits (the file-row reader failed on an empty read: a 500 for
-    every prompt longer than a step on models over --prefill-weights auto's 1 GiB)."""
+    every prompt longer than a step on models over --prefill-weights auto's limit of dense bytes)."""
     from kvstrata import LLM, SamplingParams
 
     lean = LLM("smollm2", prefill_weights="dequant", max_num_batched_tokens=32, max_total_tokens=512)
