@@ -95,14 +95,29 @@ def serve_extra(name: str, args: argparse.Namespace) -> list[str]:
     """The `serve` flags compare adds for engine `name`: the workload's own for it, then for kvstrata's
     engines `--kvstrata-args` (a later flag wins)."""
     own = COMPARE_WORKLOADS[args.workload].serve_args.get(name, ())
-    return [*own, *(shlex.split(args.kvstrata_args) if name.startswith("kvstrata") else [])]
+    return [*own, *context_args(name, getattr(args, "context", 0)),
+            *(shlex.split(args.kvstrata_args) if name.startswith("kvstrata") else [])]
+
+
+def context_args(name: str, context: int) -> list[str]:
+    """`--context N`: every engine serves N positions (a long cold prefill): kvstrata a pool of one such
+    context, llama.cpp one slot of it (its 8 slots of 4,096 hold no longer prompt), vLLM its
+    --max-model-len. 0: each engine's own defaults."""
+    if context <= 0:
+        return []
+    if name.startswith("kvstrata"):
+        return ["--max-model-len", str(context), "--max-total-tokens", str(context)]
+    if name == "llamacpp":
+        return ["-c", str(context), "-np", "1"]
+    return ["--max-model-len", str(context)]
 
 
 def probe_config(args: argparse.Namespace) -> ProbeConfig:
     from kvstrata.bench.throughput.probe import ProbeConfig
 
     return ProbeConfig(prefill_tokens=args.prefill_tokens, decode_tokens=args.decode_tokens,
-                       decode_batch=args.decode_batch, repeats=args.probe_repeats, seed=args.seed)
+                       decode_batch=args.decode_batch, repeats=args.probe_repeats, seed=args.seed,
+                       context=getattr(args, "context", 0))
 
 
 def add_probe_args(parser: argparse.ArgumentParser) -> None:
@@ -110,6 +125,9 @@ def add_probe_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-throughput", action="store_true", help="skip the throughput probe")
     group.add_argument("--prefill-tokens", type=int, default=2048,
                        help="cold prefill prompt size in tokens (default: %(default)s)")
+    group.add_argument("--context", type=int, default=0,
+                       help="positions every engine serves, for a cold prefill past 3,800 tokens (llama.cpp then "
+                       "runs one slot; default: each engine's own)")
     group.add_argument("--decode-tokens", type=int, default=128,
                        help="tokens each decode stream generates, ignore_eos (default: %(default)s)")
     group.add_argument("--decode-batch", type=int, default=8,

@@ -32,9 +32,12 @@ class ProbeConfig:
     decode_batch: int = 8
     repeats: int = 2
     seed: int = 0
+    context: int = 0  # positions every engine serves (`--context`); 0: the default slots of 4,096
 
     def validate(self) -> None:
-        checks = [("--prefill-tokens", self.prefill_tokens, 64, 3800), ("--decode-tokens", self.decode_tokens, 8, 1024),
+        # a prompt, its decode tokens and the template's few must fit one slot (llama.cpp's are 4,096 by default)
+        most = self.context - self.decode_tokens - 64 if self.context > 0 else 3800
+        checks = [("--prefill-tokens", self.prefill_tokens, 64, most), ("--decode-tokens", self.decode_tokens, 8, 1024),
                   ("--decode-batch", self.decode_batch, 1, 64), ("--probe-repeats", self.repeats, 1, 10)]
         check_ranges(checks)
 
@@ -75,8 +78,12 @@ def decode_rate(results: Sequence[ChatResult]) -> dict[str, Any]:
 
 
 def clients(url: str, model: str, config: ProbeConfig) -> tuple[ChatClient, ChatClient]:
-    """The probe's two clients for one server: one-token replies (warm-up, prefill) and decode streams."""
-    return (ChatClient(url, model, 1, max_connections=config.decode_batch, extra_body={"ignore_eos": True}),
+    """The probe's two clients for one server: one-token replies (warm-up, prefill) and decode streams. A
+    cold prompt may take a while: 10 minutes, or a second for every 10 of its tokens (a 32k prompt on a
+    peer without fast kernels)."""
+    timeout_s = max(600.0, config.prefill_tokens / 10)
+    return (ChatClient(url, model, 1, max_connections=config.decode_batch, extra_body={"ignore_eos": True},
+                       timeout_s=timeout_s),
             ChatClient(url, model, config.decode_tokens, max_connections=config.decode_batch,
                        extra_body={"ignore_eos": True}))
 

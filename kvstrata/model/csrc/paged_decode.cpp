@@ -47,8 +47,8 @@ using kvstrata::exp_nonpositive;
 constexpr int kBlock = 32;   // tokens scored before one softmax rescale
 constexpr int kMaxGroup = 16;  // query heads per KV head
 // query rows one item scores: a row group's rows x the query heads of a KV head. Each group reads the
-// context's K/V once, so a prefill chunk's rows in one group (128 rows at Qwen3's 2 heads a KV head) read a
-// 12k context's 50 MB a layer once, not once per 32 rows (memory-bound there: 48 rows 15.6 -> 8 ms a layer)
+// context's K/V once, so the rows of a prefill chunk (128 of them at 2 query heads a KV head) in one group
+// read a long context once a layer, not once per 32 rows (docs/cpu-kernels.md)
 constexpr int kMaxQueries = 256;
 constexpr int64_t kMaxSplits = 64;  // spans per (row, KV head): the merge keeps their weights on the stack
 constexpr int64_t kSpan = 256;  // tokens a span holds (a multiple of kBlock) up to kMaxSplits spans

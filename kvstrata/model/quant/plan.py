@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 # every model narrower than WIDE_HIDDEN fits (Qwen3-0.6B: 1.2 GB in bf16, 2.4 GB in float32), so auto gives
-# them dense copies: a wide step then skips dequantizing each linear (~1.4 ms a linear for Qwen3-0.6B on a
-# 2-core AVX-512 Xeon, a fixed ~280 ms a step), which an agent's next turn of 33-64 new tokens paid whole
+# them dense copies: a wide step then skips dequantizing every linear, a fixed cost that an agent's next
+# turn of a few dozen new tokens paid whole (docs/cpu-kernels.md has the figures)
 DENSE_AUTO_BYTES = 3 << 30
 
 

@@ -185,3 +185,12 @@ def test_compare_throughput_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         assert meta["processes"] >= 1 and 10 < meta["rss_mb"] <= meta["peak_rss_mb"], meta
         row = next(line for line in table.splitlines() if line.startswith(f"| {name} |"))
         assert row.endswith(f"| {meta['startup_s']:.0f} s | {meta['rss_mb']:,.0f} / {meta['peak_rss_mb']:,.0f} |")
+
+
+def test_context_gives_every_engine_that_many_positions() -> None:
+    from kvstrata.bench.compare.workloads import context_args
+
+    assert context_args("kvstrata", 0) == context_args("llamacpp", 0) == []
+    assert context_args("kvstrata", 32768) == ["--max-model-len", "32768", "--max-total-tokens", "32768"]
+    assert context_args("llamacpp", 32768) == ["-c", "32768", "-np", "1"]  # after the 8 slots: the last flag wins
+    assert context_args("vllm", 32768) == ["--max-model-len", "32768"]

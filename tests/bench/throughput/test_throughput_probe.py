@@ -70,3 +70,11 @@ def test_probe_counts_failures(fake_peer: FakePeer) -> None:
 def test_bad_probe_settings_name_the_flag(field: str, value: int, flag: str) -> None:
     with pytest.raises(ValueError, match=flag):
         ProbeConfig(**{field: value}).validate()
+
+
+def test_a_long_prefill_needs_a_context_that_holds_it() -> None:
+    with pytest.raises(ValueError, match=r"--prefill-tokens must be in \[64, 3800\]"):
+        ProbeConfig(prefill_tokens=16000).validate()
+    ProbeConfig(prefill_tokens=16000, decode_tokens=16, context=16384).validate()
+    with pytest.raises(ValueError, match=r"\[64, 16304\]"):
+        ProbeConfig(prefill_tokens=16384, decode_tokens=16, context=16384).validate()
