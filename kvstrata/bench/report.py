@@ -253,7 +253,9 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def write_json(report: dict[str, Any], path: str) -> None:
-    """Write a bench report, with the machine it ran on (bench/machine.py)."""
+    """Write a bench report, with the machine it ran on (bench/machine.py) and no absolute path of it
+    (bench/paths.py)."""
     from kvstrata.bench.machine import with_machine
+    from kvstrata.bench.paths import portable_tree
 
-    Path(path).expanduser().write_text(json.dumps(with_machine(report), indent=2) + "\n")
+    Path(path).expanduser().write_text(json.dumps(portable_tree(with_machine(report)), indent=2) + "\n")

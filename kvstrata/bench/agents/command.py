@@ -27,6 +27,7 @@ from kvstrata.bench.agents.clients import AGENTS_BIN, CLIENTS, PROMPTS, AgentCli
 from kvstrata.bench.agents.proxy import Exchange, MeasuringProxy
 from kvstrata.bench.compare.engines import ENGINES, EngineUnavailable, RunningServer
 from kvstrata.bench.machine import with_machine
+from kvstrata.bench.paths import portable_tree
 from kvstrata.router.launcher import free_port
 
 SERVED = "smollm2"  # the name every engine of bench/compare/engines.py serves under
@@ -202,7 +203,7 @@ def run_agents(args: argparse.Namespace) -> int:
     })
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"agents-{time.strftime('%Y-%m-%d-%H%M')}.json"
-    out.write_text(json.dumps(report, indent=1))
+    out.write_text(json.dumps(portable_tree(report), indent=1))
     for row in report["summary"]:
         print(json.dumps(row))
     print(f"wrote {out}", file=sys.stderr)

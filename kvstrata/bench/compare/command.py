@@ -23,6 +23,7 @@ from typing import Any
 from kvstrata.bench.args import add_client_arguments
 from kvstrata.bench.compare.engines import ENGINES, EngineUnavailable, RunningServer
 from kvstrata.bench.compare.interleave import check_interleave, ratio_lines, run_interleaved
+from kvstrata.bench.paths import portable, portable_tree
 
 
 def add_compare_args(parser: argparse.ArgumentParser) -> None:
@@ -129,11 +130,11 @@ def run_compare(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     argv = sys.argv[3:] if sys.argv[1:3] == ["bench", "compare"] else []  # as typed, when run from the shell
-    command = " ".join(["kvstrata bench compare", shlex.join(argv)]).rstrip()
+    command = portable(" ".join(["kvstrata bench compare", shlex.join(argv)]).rstrip())
     summary = {"workload": args.workload, "date": stem.split("-", 1)[1], "command": command,
                "machine": machine_info(), "interleaved": args.interleave, "engines": results}
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out_dir / f"{stem}.json").write_text(json.dumps(portable_tree(summary), indent=2) + "\n")
     probed = any(r.get("throughput") for r in results.values())
     columns = workload.columns + (throughput_columns(args.decode_batch) if probed else ()) + server_columns()
     table = "\n\n".join([markdown_table(results, columns), *ratio_lines(results)])
