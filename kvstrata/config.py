@@ -271,7 +271,9 @@ class RouterConfig:
     """The gateway in front of data-parallel ranks (`serve --dp-size N`, `kvstrata route`)."""
 
     policy: str = opt(
-        "cache_aware", "how the gateway picks a rank", choices=["cache_aware", "least_load", "round_robin"]
+        "cost", "how the gateway picks a rank: cache_aware (SGLang's: longest cached match, unless loads are "
+        "unbalanced), cost (the least predicted time to first token: queued prefill + uncached tokens + decode load), "
+        "least_load, round_robin", choices=["cache_aware", "cost", "least_load", "round_robin"]
     )
     cache_threshold: float = opt(
         0.3, "cache_aware: send to the longest cached match only when it covers more than this share of the prompt"
@@ -281,6 +283,15 @@ class RouterConfig:
     )
     balance_rel_threshold: float = opt(
         1.5, "... and more than this multiple of the idlest rank's; then the least-loaded rank gets the request"
+    )
+    decode_cost_tokens: int = opt(
+        32, "cost: what one request in flight on a rank (decoding beside a new prefill) adds to its cost, in prompt tokens",
+        min=0,
+    )
+    session_affinity: str = opt(
+        "soft", "a session (prompt_cache_key, Claude Code's session id) stays on its rank: soft = while that rank is "
+        "not the costlier choice (cost) or not overloaded (other policies); hard = while it is ready",
+        choices=["soft", "hard"],
     )
     router_tokenizer: str | None = opt(
         None, "tokenizer for cache_aware matching: a .gguf or HF folder (default: the ranks' --model)"

@@ -15,6 +15,7 @@ from kvstrata.bench.agents.command import add_agents_args
 from kvstrata.bench.args import add_agentic_workload_args, add_client_arguments
 from kvstrata.bench.bf16_drift import add_bf16_drift_args
 from kvstrata.bench.compare.command import add_compare_args
+from kvstrata.bench.fleet.command import add_fleet_args
 from kvstrata.bench.kv.radix_bookkeeping import add_radix_bookkeeping_args
 from kvstrata.bench.kv.tiers_ttft import add_tiers_ttft_args
 from kvstrata.bench.multiround.command import add_multiround_args
@@ -47,6 +48,8 @@ BENCH_COMMANDS: tuple[BenchCommand, ...] = (
     BenchCommand("agents", "the real agent CLIs (Claude Code, Codex; `make agent-deps`) headless against each engine: "
                  "per-turn TTFT, cached share, a new session, a restart over the file L3", add_agents_args,
                  "kvstrata.bench.agents.command:run_agents"),
+    BenchCommand("fleet", "agent sessions sharing one long prefix behind `serve --dp-size N`, once per routing policy: "
+                 "per-rank share, hit efficiency, first/later-turn TTFT", add_fleet_args, "kvstrata.bench.fleet.command:run_fleet"),
     BenchCommand("multiround", "LMCache's multi-round QA: users with a shared system prompt and their own history",
                  add_multiround_args, "kvstrata.bench.multiround.command:run_multiround"),
     BenchCommand("throughput", "offline cold prefill and decode tokens/s, kvstrata beside transformers",

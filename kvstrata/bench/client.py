@@ -33,6 +33,7 @@ class ChatResult:
     content_chunks: int  # SSE chunks that carried content (a token count when usage is missing)
     error: str | None = None
     chunk_times: tuple[float, ...] = ()  # time.perf_counter() at each content chunk (decode rates)
+    rank: int | None = None  # the kvstrata gateway's `x-kvstrata-rank` (which rank answered), else None
 
     @property
     def ok(self) -> bool:
@@ -115,6 +116,8 @@ class ChatClient:
         try:
             body = {**self.payload(messages), **(extra or {})}
             async with self._http.stream("POST", self.endpoint, json=body) as resp:
+                rank = resp.headers.get("x-kvstrata-rank")
+                stream.rank = int(rank) if rank is not None and rank.isdigit() else None
                 if resp.status_code >= 400:
                     body = (await resp.aread()).decode("utf-8", "replace")
                     stream.error = f"HTTP {resp.status_code}: {body[:300]}"
@@ -139,6 +142,7 @@ class _StreamState:
         self.content_chunks = 0
         self.chunk_times: list[float] = []
         self.error: str | None = None
+        self.rank: int | None = None
 
     def feed_line(self, line: str) -> bool:
         """Consume one SSE line; True when the stream is over."""
@@ -184,4 +188,5 @@ class _StreamState:
             content_chunks=self.content_chunks,
             error=self.error,
             chunk_times=tuple(self.chunk_times),
+            rank=self.rank,
         )

@@ -18,8 +18,8 @@ A rank's `/metrics` (`rank.py`, one registry per server; gauges read at scrape t
     kv_class_pages{tier,class}, kv_class_hits_total{tier,class}  eviction classes (`classes.py`)
 
 The gateway's `/metrics` (`gateway.py`): every ready rank's series with a `rank` label, then
-    router_requests_total{rank,policy}, router_match_ratio, router_overhead_seconds,
-    router_retries_total{rank}
+    router_requests_total{rank,policy}, router_decisions_total{reason}, router_match_ratio,
+    router_overhead_seconds, router_retries_total{rank}
 
 `tests/metrics/test_catalogue.py` checks this list against what the collectors expose.
 """

@@ -3,6 +3,8 @@
 `/metrics` on the gateway = each ready rank's `/metrics`, every sample given a `rank` label and
 merged family by family, followed by the router's series:
 - `kvstrata:router_requests_total{rank,policy}` (policy "pinned" for `data_parallel_rank`),
+- `kvstrata:router_decisions_total{reason}` (why: cost, session (a session kept on its rank), session_moved,
+  pinned, previous_response, cache_match, cache_miss, imbalanced, least_load, round_robin, retry),
 - `kvstrata:router_match_ratio` (histogram: cached share of the prompt on the chosen rank),
 - `kvstrata:router_overhead_seconds` (histogram: request in -> upstream send: parse, tokenize, route),
 - `kvstrata:router_retries_total{rank}` (requests moved off a failed rank before any byte went out).
@@ -27,6 +29,7 @@ class RouterMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter(P + "router_requests", "Requests sent to each rank", ["rank", "policy"], registry=r)
+        self.decisions = Counter(P + "router_decisions", "Routing decisions by reason", ["reason"], registry=r)
         self.match_ratio = Histogram(
             P + "router_match_ratio", "Cached share of the prompt on the chosen rank", buckets=RATIO_BUCKETS, registry=r
         )
@@ -40,8 +43,10 @@ class RouterMetrics:
         )
         self._overhead_ms: collections.deque[float] = collections.deque(maxlen=10_000)
 
-    def routed(self, rank: int, policy: str, match_ratio: float | None, overhead_s: float) -> None:
+    def routed(self, rank: int, policy: str, match_ratio: float | None, overhead_s: float, reason: str = "") -> None:
         self.requests.labels(rank=str(rank), policy=policy).inc()
+        if reason:
+            self.decisions.labels(reason=reason).inc()
         if match_ratio is not None:
             self.match_ratio.observe(match_ratio)
         self.overhead.observe(overhead_s)

@@ -109,6 +109,8 @@ def build_gateway_app(
         status = "ready" if "ready" in statuses else "loading" if statuses & {"loading", "unknown"} else "dead"
         body: dict[str, Any] = {
             "status": status, "policy": gateway.policy.name, "ranks": ranks,
+            # whether prompts are matched against the ranks' caches yet (the tokenizer loads after a rank is up)
+            "prompt_matching": gateway.prompt_matching,
             "overhead_ms": gateway.metrics.overhead_ms(),
         }
         return JSONResponse(body, status_code=200 if status == "ready" else 503)

@@ -25,11 +25,12 @@ from starlette.background import BackgroundTask
 
 from kvstrata.config import RouterConfig
 from kvstrata.router.key_affinity import KeyAffinity, affinity_key
-from kvstrata.router.policy import Decision, make_policy
+from kvstrata.router.policy import CostAware, Decision, make_policy
 from kvstrata.router.prompt import Prompt, PromptHasher
 from kvstrata.metrics.gateway import RouterMetrics
 from kvstrata.router.passthrough import Release, finish, passthrough
 from kvstrata.router.response_ranks import ResponseRanks
+from kvstrata.router.shared_prefix import SharedPrefixes
 from kvstrata.router.workers import Worker, WorkerPool
 from kvstrata.serving.errors import APIError, quote
 from kvstrata.serving.responses.route import RESPONSE_ID_HEADER
@@ -50,6 +51,7 @@ class Gateway:
         self.pool = WorkerPool(urls, self.rank_headers)
         self.policy = make_policy(cfg)
         self.affinity = KeyAffinity(cfg)  # prompt_cache_key -> rank (key_affinity.py)
+        self.shared = SharedPrefixes()  # prefixes many conversations share (shared_prefix.py)
         self.response_ranks = ResponseRanks()  # (tenant, response id) -> the rank that stored it
         self.metrics = RouterMetrics()
         self.hasher: PromptHasher | None = None  # loaded once a rank says which model it serves
@@ -62,6 +64,13 @@ class Gateway:
     def client(self) -> httpx.AsyncClient:
         assert self._client is not None, "Gateway.start() first"
         return self._client
+
+    @property
+    def prompt_matching(self) -> str:
+        """off (the policy matches nothing, or the tokenizer failed), loading, or ready."""
+        if not self.policy.needs_match or self._hasher_failed:
+            return "off"
+        return "ready" if self.hasher is not None else "loading"
 
     async def start(self) -> None:
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
@@ -138,14 +147,24 @@ class Gateway:
 
     def choose(
         self, body: dict[str, Any], ready: list[Worker], prompt: Prompt | None, headers: dict[str, str] | None = None,
-    ) -> tuple[Worker, Decision]:
+    ) -> tuple[Worker, Decision, int]:
+        """The rank, the decision, and the prompt's tokens not cached there (its prefill, queued on that
+        rank until it answers: the cost policy's load). Synchronous from the loads to the caller's
+        Release, so simultaneous requests each count the ones decided before them."""
         ps = self.hasher.page_size if self.hasher is not None else 0
+        n = prompt.num_tokens if prompt else 0
         loads = [w.load(w.index.match_pages(prompt.hashes) * ps if prompt else 0) for w in ready]
-        decision = self.policy.choose(loads, prompt.num_tokens if prompt else 0)
+        shared = self.shared.shared_pages(prompt.hashes) * ps if prompt else 0
+        if prompt:
+            self.shared.observe(prompt.hashes)
+        decision = self.policy.choose(loads, n, shared)
         key = affinity_key(body, headers or {})
-        if key is not None:  # the same prompt_cache_key sticks to one rank while it is not overloaded
-            decision = self.affinity.route(key, loads, decision, prompt.num_tokens if prompt else 0)
-        return next(w for w in ready if w.rank == decision.rank), decision
+        if key is not None:  # the same session sticks to one rank (key_affinity.py)
+            policy = self.policy
+            cost = (lambda r: policy.cost(r, n, shared)) if isinstance(policy, CostAware) else None
+            decision = self.affinity.route(key, loads, decision, n, cost)
+        chosen = next(r for r in loads if r.rank == decision.rank)
+        return next(w for w in ready if w.rank == decision.rank), decision, max(n - chosen.match_tokens, 0)
 
     def fallbacks(self, tried: set[int]) -> list[Worker]:
         rest = [w for w in self.pool.ready() if w.rank not in tried]
@@ -169,32 +188,31 @@ class Gateway:
             if not pin.ready:
                 raise APIError(503, f"rank {pin.rank} is {pin.status}; retry, or drop data_parallel_rank",
                                "server_error", code="rank_unavailable")
-            worker, decision, prompt = pin, Decision(pin.rank, "pinned"), None
+            worker, decision, prompt, uncached = pin, Decision(pin.rank, "pinned"), None, 0
         elif not ready:
             raise APIError(503, "no engine rank is ready; retry when GET /health returns 200", "server_error",
                            code="no_rank_ready")
         elif (chained := self.chained(path, body, tenant)) is not None:
-            worker, decision, prompt = chained, Decision(chained.rank, "previous_response"), None
+            worker, decision, prompt, uncached = chained, Decision(chained.rank, "previous_response"), None, 0
         else:
             prompt = await self.hash_prompt(path, body, tenant)
             ready = [w for w in ready if w.ready] or self.pool.ready()  # ranks may have gone while it hashed
             if not ready:
                 raise APIError(503, "no engine rank is ready; retry when GET /health returns 200", "server_error",
                                code="no_rank_ready")
-            worker, decision = self.choose(body, ready, prompt, headers)
+            worker, decision, uncached = self.choose(body, ready, prompt, headers)
         cost = (prompt.num_tokens if prompt else len(raw) // 4) + _max_tokens(body)
         send = {k: v for k, v in headers.items() if k in SEND_HEADERS}
         tried: set[int] = set()
         overhead = time.perf_counter() - started  # parse, tokenize, hash, route: up to the first send
         while True:
             tried.add(worker.rank)
-            worker.requests += 1
-            worker.tokens += cost
-            done = Release(worker, cost)
+            done = Release(worker, cost, uncached)
             try:
                 upstream = await self.client.send(
                     self.client.build_request("POST", worker.url + path, content=raw, headers=send), stream=True
                 )
+                done.begun()
                 chunks = upstream.aiter_raw()
                 try:
                     first = await chunks.__anext__()
@@ -211,7 +229,7 @@ class Gateway:
                     raise APIError(503, f"rank {worker.rank} failed ({type(exc).__name__}) and no other rank is ready",
                                    "server_error", code="rank_unavailable") from None
                 self.metrics.retries.labels(rank=str(worker.rank)).inc()
-                worker = nxt
+                worker, uncached = nxt, prompt.num_tokens if prompt else 0
                 continue
             except BaseException:  # cancelled (the client left) or a bug: undo the load
                 done()
@@ -221,12 +239,13 @@ class Gateway:
                 done()
                 self.pool.mark_down(worker, f"HTTP {upstream.status_code}")
                 self.metrics.retries.labels(rank=str(worker.rank)).inc()
-                worker = self.fallbacks(tried)[0]
+                worker, uncached = self.fallbacks(tried)[0], prompt.num_tokens if prompt else 0
                 continue
             break
         policy = "pinned" if pin is not None else self.policy.name
         ratio = decision.match_ratio if prompt is not None and worker.rank == decision.rank else None
-        self.metrics.routed(worker.rank, policy, ratio, overhead)
+        reason = decision.reason if worker.rank == decision.rank else "retry"
+        self.metrics.routed(worker.rank, policy, ratio, overhead, reason)
         if prompt is not None:
             worker.index.add_routed(prompt.hashes)  # approximate mode only
         if (response_id := upstream.headers.get(RESPONSE_ID_HEADER)) is not None:

@@ -7,6 +7,10 @@ key's rank is past the balance thresholds (its in-flight requests exceed the lea
 more than `balance_abs_threshold` and by a factor over `balance_rel_threshold`, SGLang's test) or is
 not ready, the key moves to the rank the policy picks and stays there (it does not bounce back).
 
+With `--policy cost` the key stays while its rank costs no more than the policy's pick (the cost counts
+the session's history as tokens another rank would recompute); with `--session-affinity hard` it stays
+on its rank while that rank is ready, whatever the load.
+
 The key never crosses tenants: the map's key is (the request's Authorization header, its
 cache_salt, the prompt_cache_key), hashed, the way a rank namespaces its pages by tenant and salt.
 The map keeps the `MAX_KEYS` most recently used keys (LRU); a forgotten key is routed afresh.
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from kvstrata.config import RouterConfig
 from kvstrata.router.policy import Decision, RankLoad
@@ -27,11 +31,13 @@ MAX_KEYS = 65536
 
 def affinity_key(body: Mapping[str, Any], headers: Mapping[str, str]) -> bytes | None:
     """The tenant-scoped map key of a request, or None when it has no string prompt_cache_key (nor, from
-    Claude Code, a session id: serving/messages/cache_hints.py)."""
+    Claude Code, a session id: serving/messages/cache_hints.py, nor a `user`)."""
     key = body.get("prompt_cache_key")
     if not isinstance(key, str):  # Anthropic's clients name their session in a header or metadata.user_id
         metadata = body.get("metadata")
         key = session_key(headers, metadata if isinstance(metadata, Mapping) else None)
+    if not isinstance(key, str) and isinstance(body.get("user"), str) and body["user"]:
+        key = "user\x00" + body["user"]  # OpenAI's end-user id: one user's requests share their history
     if not isinstance(key, str):
         return None
     salt = body.get("cache_salt")
@@ -56,19 +62,30 @@ class KeyAffinity:
         lo = min(r.requests for r in ranks)
         return rank.requests - lo > self.cfg.balance_abs_threshold and rank.requests > lo * self.cfg.balance_rel_threshold
 
-    def route(self, key: bytes, ranks: Sequence[RankLoad], policy_choice: Decision, prompt_tokens: int = 0) -> Decision:
-        """The rank for `key`: its sticky rank while ready and not overloaded, else `policy_choice`
-        (which becomes the key's rank). Changes state: records and refreshes the key."""
+    def stays(self, load: RankLoad, ranks: Sequence[RankLoad], policy_choice: Decision,
+              cost: Callable[[RankLoad], int] | None) -> bool:
+        if self.cfg.session_affinity == "hard":
+            return True
+        if cost is not None:  # soft, by cost: not dearer than the policy's pick
+            pick = next((r for r in ranks if r.rank == policy_choice.rank), load)
+            return cost(load) <= cost(pick)
+        return not self.overloaded(load, ranks)
+
+    def route(self, key: bytes, ranks: Sequence[RankLoad], policy_choice: Decision, prompt_tokens: int = 0,
+              cost: Callable[[RankLoad], int] | None = None) -> Decision:
+        """The rank for `key` among the ready `ranks`: its sticky rank while it stays (`stays`), else
+        `policy_choice` (which becomes the key's rank). `cost`: the cost policy's, when it routes. Changes
+        state: records and refreshes the key."""
         current = self._rank.get(key)
         load = next((r for r in ranks if r.rank == current), None)
-        if load is not None and not self.overloaded(load, ranks):
+        if load is not None and self.stays(load, ranks, policy_choice, cost):
             self._rank.move_to_end(key)
-            return Decision(load.rank, "cache_key", load.match_tokens / prompt_tokens if prompt_tokens > 0 else 0.0)
+            return Decision(load.rank, "session", load.match_tokens / prompt_tokens if prompt_tokens > 0 else 0.0)
         if current is not None:
             self.moves += 1
         self._rank[key] = policy_choice.rank
         self._rank.move_to_end(key)
         while len(self._rank) > self.max_keys:
             self._rank.popitem(last=False)
-        reason = "cache_key_moved" if current is not None else policy_choice.reason
+        reason = "session_moved" if current is not None else policy_choice.reason
         return Decision(policy_choice.rank, reason, policy_choice.match_ratio)

@@ -30,6 +30,7 @@ from typing import Any
 from kvstrata.config import CacheConfig, ModelConfig, RouterConfig, SchedulerConfig, ServerConfig
 from kvstrata.config_flags import ConfigError
 from kvstrata.kv.event_wire import KVEventsConfig
+from kvstrata.router.policy import make_policy
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ def rank_specs(
     router_cfg: RouterConfig,
 ) -> list[RankSpec]:
     events = cache_cfg.kv_events_config
-    if not KVEventsConfig.from_json(events).enabled and router_cfg.policy == "cache_aware":
+    if not KVEventsConfig.from_json(events).enabled and make_policy(router_cfg).needs_match:  # cache_aware, cost
         events = json.dumps(AUTO_EVENTS)
     threads = model_cfg.num_threads or max(1, (os.cpu_count() or 1) // n)
     return [

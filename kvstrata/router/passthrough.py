@@ -14,14 +14,24 @@ logger = logging.getLogger(__name__)
 
 
 class Release:
-    """Undo a request's in-flight load on its rank, exactly once (stream end, error or disconnect)."""
+    """Undo a request's in-flight load on its rank, exactly once (stream end, error or disconnect); its
+    queued prefill (`prefill` uncached tokens) as soon as the rank answers (`begun`: the rank sends its
+    headers once the first token is out) or with the rest."""
 
-    def __init__(self, worker: Worker, cost: int) -> None:
-        self.worker, self.cost, self.done = worker, cost, False
+    def __init__(self, worker: Worker, cost: int, prefill: int = 0) -> None:
+        self.worker, self.cost, self.prefill, self.done = worker, cost, prefill, False
+        worker.requests += 1
+        worker.tokens += cost
+        worker.prefill_tokens += prefill
+
+    def begun(self) -> None:
+        self.worker.prefill_tokens -= self.prefill
+        self.prefill = 0
 
     def __call__(self) -> None:
         if not self.done:
             self.done = True
+            self.begun()
             self.worker.requests -= 1
             self.worker.tokens -= self.cost
 

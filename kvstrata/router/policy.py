@@ -6,9 +6,17 @@
 | least_load    | the fewest in-flight tokens (then requests; exact ties rotate)                  |
 | cache_aware   | balanced and best match > threshold: longest match (ties: least loaded);        |
 |               | otherwise the least-loaded rank, never "the smallest tree" regardless of load    |
+| cost          | the least predicted time to first token: prefill tokens already queued there +  |
+|               | this prompt's tokens not cached there + decode_cost_tokens a request in flight  |
 
 "Balanced" is SGLang router's test on in-flight requests: the loads are unbalanced when
 `max - min > balance_abs_threshold` and `max > min * balance_rel_threshold`.
+`cost` scores what SGLang's match-then-balance cannot see. A prefix many conversations share (a fleet's
+system prompt and tools; shared_prefix.py finds it) is priced as held on every rank: computing it once
+more on an idle rank is a one-off every later session there reuses, so new sessions spread by load
+instead of piling onto the rank that computed it first. A session's own history is the tokens another
+rank would recompute, so it stays while its rank is not slower by more than that. Costs are in prompt
+tokens (a prefill's time is about linear in its uncached tokens).
 Policies are pure: no I/O, no clocks; the gateway gives them `RankLoad`s and records the Decision.
 """
 from __future__ import annotations
@@ -25,12 +33,13 @@ class RankLoad:
     requests: int = 0  # in flight through the gateway
     tokens: int = 0  # prompt + max_tokens of those requests
     match_tokens: int = 0  # prompt tokens this rank already holds in its prefix cache
+    prefill_tokens: int = 0  # uncached prompt tokens of requests sent there that have not begun to answer
 
 
 @dataclass(frozen=True)
 class Decision:
     rank: int
-    reason: str  # round_robin | least_load | cache_match | cache_miss | imbalanced
+    reason: str  # round_robin | least_load | cache_match | cache_miss | imbalanced | cost (| gateway's own)
     match_ratio: float = 0.0  # the chosen rank's cached share of the prompt
 
 
@@ -42,7 +51,8 @@ class Policy:
         self.cfg = cfg
         self._turn = 0  # rotation for round robin and for exact ties
 
-    def choose(self, ranks: Sequence[RankLoad], prompt_tokens: int) -> Decision:
+    def choose(self, ranks: Sequence[RankLoad], prompt_tokens: int, shared_tokens: int = 0) -> Decision:
+        """`shared_tokens`: the prompt's leading tokens that many conversations share (shared_prefix.py)."""
         raise NotImplementedError
 
     def least_loaded(self, ranks: Sequence[RankLoad]) -> RankLoad:
@@ -60,7 +70,7 @@ class Policy:
 class RoundRobin(Policy):
     name = "round_robin"
 
-    def choose(self, ranks: Sequence[RankLoad], prompt_tokens: int) -> Decision:
+    def choose(self, ranks: Sequence[RankLoad], prompt_tokens: int, shared_tokens: int = 0) -> Decision:
         ordered = sorted(ranks, key=lambda r: r.rank)
         pick = next((r for r in ordered if r.rank >= self._turn), ordered[0])
         self._turn = pick.rank + 1
@@ -70,7 +80,7 @@ class RoundRobin(Policy):
 class LeastLoad(Policy):
     name = "least_load"
 
-    def choose(self, ranks: Sequence[RankLoad], prompt_tokens: int) -> Decision:
+    def choose(self, ranks: Sequence[RankLoad], prompt_tokens: int, shared_tokens: int = 0) -> Decision:
         pick = self.least_loaded(ranks)
         return Decision(pick.rank, self.name, self.ratio(pick, prompt_tokens))
 
@@ -84,7 +94,7 @@ class CacheAware(Policy):
         hi = max(r.requests for r in ranks)
         return not (hi - lo > self.cfg.balance_abs_threshold and hi > lo * self.cfg.balance_rel_threshold)
 
-    def choose(self, ranks: Sequence[RankLoad], prompt_tokens: int) -> Decision:
+    def choose(self, ranks: Sequence[RankLoad], prompt_tokens: int, shared_tokens: int = 0) -> Decision:
         if not self.balanced(ranks):
             pick = self.least_loaded(ranks)
             return Decision(pick.rank, "imbalanced", self.ratio(pick, prompt_tokens))
@@ -96,10 +106,27 @@ class CacheAware(Policy):
         return Decision(pick.rank, "cache_miss", self.ratio(pick, prompt_tokens))
 
 
+class CostAware(Policy):
+    name = "cost"
+    needs_match = True
+
+    def cost(self, rank: RankLoad, prompt_tokens: int, shared_tokens: int = 0) -> int:
+        """Predicted time to first token there, in prompt tokens, the shared prefix priced as held there."""
+        uncached = max(prompt_tokens - max(rank.match_tokens, shared_tokens), 0)
+        return rank.prefill_tokens + uncached + self.cfg.decode_cost_tokens * rank.requests
+
+    def choose(self, ranks: Sequence[RankLoad], prompt_tokens: int, shared_tokens: int = 0) -> Decision:
+        costs = {r.rank: self.cost(r, prompt_tokens, shared_tokens) for r in ranks}
+        low = min(costs.values())
+        pick = self.least_loaded([r for r in ranks if costs[r.rank] == low])
+        return Decision(pick.rank, "cost", self.ratio(pick, prompt_tokens))
+
+
 POLICIES: dict[str, Callable[[RouterConfig], Policy]] = {
     "round_robin": RoundRobin,
     "least_load": LeastLoad,
     "cache_aware": CacheAware,
+    "cost": CostAware,
 }
 
 

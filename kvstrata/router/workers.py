@@ -36,6 +36,7 @@ class Worker:
     info: dict[str, Any] = field(default_factory=dict)
     requests: int = 0  # in flight through the gateway
     tokens: int = 0
+    prefill_tokens: int = 0  # uncached prompt tokens of in-flight requests not yet answering (policy.RankLoad)
     probe_failures: int = 0
     index: RankCacheIndex = field(default_factory=lambda: RankCacheIndex(exact=False))
     subscriber: KVEventSubscriber | None = None
@@ -45,7 +46,7 @@ class Worker:
         return self.status == "ready"
 
     def load(self, match_tokens: int = 0) -> RankLoad:
-        return RankLoad(self.rank, self.requests, self.tokens, match_tokens)
+        return RankLoad(self.rank, self.requests, self.tokens, match_tokens, self.prefill_tokens)
 
     def events_address(self, endpoint: str | None) -> str | None:
         """A bound endpoint as this gateway reaches it: the wildcard host becomes the rank's host."""

@@ -169,6 +169,9 @@ def test_dashboard_in_a_browser_through_the_gateway(http: httpx.Client) -> None:
             assert text("error") == ""  # the polls of ./metrics passed the gateway's auth with the cookie
             assert int(text("requests-total")) >= 2 and text("kv-usage").endswith("%")
             assert text("ttft-p50").endswith("ms")
+            # the gateway's own series: requests per rank and decisions by reason (pinned above)
+            assert "rank 0: " in text("route-ranks") and "rank 1: " in text("route-ranks")
+            assert "pinned: " in text("route-reasons")
         finally:
             browser.close()
 

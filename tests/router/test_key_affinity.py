@@ -21,11 +21,11 @@ def test_key_sticks_until_its_rank_is_overloaded_then_stays_moved() -> None:
     # the policy would pick rank 0 now, but the key stays on 1 while 1 is within the thresholds
     for busy in (1, 3, 4):
         d = aff.route(key, loads(0, busy), Decision(0, "cache_miss"))
-        assert (d.rank, d.reason) == (1, "cache_key"), busy
+        assert (d.rank, d.reason) == (1, "session"), busy
     assert aff.moves == 0
     # 5 - 0 > 4 and 5 > 0 * 1.5: past both thresholds, the key moves to the policy's pick
     d = aff.route(key, loads(0, 5), Decision(0, "imbalanced"))
-    assert (d.rank, d.reason, aff.moves) == (0, "cache_key_moved", 1)
+    assert (d.rank, d.reason, aff.moves) == (0, "session_moved", 1)
     # and stays moved, even once rank 1 is idle again
     assert aff.route(key, loads(0, 0), Decision(1, "cache_miss")).rank == 0
 
@@ -35,6 +35,33 @@ def test_relative_threshold_keeps_a_key_on_a_busy_but_proportionate_rank() -> No
     key = affinity_key({"prompt_cache_key": "s"}, {})
     aff.route(key, loads(0, 0), Decision(1, "cache_miss"))
     assert aff.route(key, loads(10, 14), Decision(0, "cache_miss")).rank == 1  # 14 <= 10 * 1.5
+
+
+def test_by_cost_a_session_stays_while_its_rank_is_not_dearer() -> None:
+    """With the cost policy a session keeps its rank while it costs no more than the policy's pick: its
+    history (cached there) against a queue."""
+    from kvstrata.router.policy import CostAware
+
+    policy = CostAware(CFG)
+    aff = KeyAffinity(CFG)
+    key = affinity_key({"prompt_cache_key": "s"}, {})
+    aff.route(key, [RankLoad(0), RankLoad(1)], Decision(0, "cost"))
+
+    def route(queued0: int) -> Decision:
+        here = [RankLoad(0, 1, 0, 900, queued0), RankLoad(1, 0, 0, 0, 0)]
+        return aff.route(key, here, policy.choose(here, 1000), 1000, lambda r: policy.cost(r, 1000))
+
+    assert (route(800).rank, route(800).reason) == (0, "session")  # 800 + 100 + 32 <= 1000
+    d = route(2000)  # queued past the history's recompute: moves
+    assert (d.rank, d.reason, aff.moves) == (1, "session_moved", 1)
+
+
+def test_hard_affinity_stays_on_a_ready_rank_whatever_its_load() -> None:
+    aff = KeyAffinity(RouterConfig(session_affinity="hard", balance_abs_threshold=4))
+    key = affinity_key({"prompt_cache_key": "s"}, {})
+    aff.route(key, loads(0, 0), Decision(1, "cache_miss"))
+    assert aff.route(key, loads(0, 500), Decision(0, "imbalanced")).rank == 1
+    assert aff.route(key, [RankLoad(0)], Decision(0, "cache_miss")).rank == 0  # rank 1 down: moves
 
 
 def test_unready_rank_moves_the_key() -> None:
@@ -52,8 +79,11 @@ def test_keys_are_namespaced_by_api_key_and_cache_salt() -> None:
     assert base != affinity_key({"prompt_cache_key": "s", "cache_salt": "x"}, {"authorization": "Bearer a"})
     # no length-prefix confusion between the parts
     assert affinity_key({"prompt_cache_key": "b", "cache_salt": "a"}, {}) != affinity_key({"prompt_cache_key": "", "cache_salt": "ab"}, {})
-    for body in ({}, {"prompt_cache_key": None}, {"prompt_cache_key": 5}):
+    for body in ({}, {"prompt_cache_key": None}, {"prompt_cache_key": 5}, {"user": ""}, {"user": 5}):
         assert affinity_key(body, {}) is None
+    # OpenAI's `user` is a session of last resort, never the same key as a prompt_cache_key of that text
+    assert affinity_key({"user": "u1"}, {}) not in (None, affinity_key({"prompt_cache_key": "u1"}, {}))
+    assert affinity_key({"user": "u1", "prompt_cache_key": "k"}, {}) == affinity_key({"prompt_cache_key": "k"}, {})
 
 
 def test_tenants_with_the_same_key_are_routed_independently() -> None:
@@ -76,7 +106,7 @@ def test_map_is_bounded_lru() -> None:
     # key 1 (rank 1) was the least recently used: forgotten, so it goes where the policy says
     assert aff.route(keys[1], loads(0, 0), Decision(0, "cache_miss")) == Decision(0, "cache_miss", 0.0)
     # key 0 was refreshed: still on rank 0, though the policy says 1
-    assert aff.route(keys[0], loads(0, 0), Decision(1, "cache_miss")).reason == "cache_key"
+    assert aff.route(keys[0], loads(0, 0), Decision(1, "cache_miss")).reason == "session"
 
 
 def test_claude_codes_session_is_the_key() -> None:

@@ -6,7 +6,7 @@ import pytest
 from kvstrata.config import RouterConfig
 from kvstrata.kv.event_wire import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from kvstrata.router.cache_index import RankCacheIndex
-from kvstrata.router.policy import CacheAware, LeastLoad, RankLoad, RoundRobin, make_policy
+from kvstrata.router.policy import CacheAware, CostAware, LeastLoad, RankLoad, RoundRobin, make_policy
 
 CFG = RouterConfig()  # cache_threshold 0.3, balance_abs_threshold 64, balance_rel_threshold 1.5
 
@@ -29,6 +29,42 @@ CACHE_AWARE_TABLE = [
     ([(2, 800, 900), (1, 900, 900)], 0, "cache_match"),  # tie on match: fewer tokens in flight
     ([(0, 0, 0), (0, 0, 0), (1, 10, 0)], 0, "cache_miss"),  # nothing cached: least loaded
 ]
+
+
+# prompt of 1000 tokens, decode_cost_tokens 32 (the default)
+COST_TABLE = [
+    # (requests, matched tokens, queued prefill tokens) per rank  -> rank
+    ([(0, 900, 0), (0, 0, 0)], 0),  # the match: 100 tokens to compute against 1000
+    ([(1, 900, 4000), (0, 0, 0)], 1),  # a shared prefix queued behind 4000 tokens: computed on the idle rank
+    ([(1, 900, 500), (0, 0, 0)], 0),  # a short queue: still the match (100 + 500 + 32 < 1000)
+    ([(30, 900, 0), (0, 0, 0)], 1),  # 30 decoding requests (960 tokens' worth) + 100 > 1000
+    ([(28, 900, 0), (0, 0, 0)], 0),  # 896 + 100 < 1000
+    ([(0, 0, 0), (0, 0, 0), (1, 0, 0)], 0),  # nothing cached, all idle: least loaded, then rotation
+]
+
+
+@pytest.mark.parametrize("rows, want", COST_TABLE)
+def test_cost_table(rows: list[tuple[int, int, int]], want: int) -> None:
+    loads = [RankLoad(i, req, 0, match, queued) for i, (req, match, queued) in enumerate(rows)]
+    d = CostAware(CFG).choose(loads, 1000)
+    assert (d.rank, d.reason) == (want, "cost")
+    assert d.match_ratio == rows[want][1] / 1000
+
+
+def test_cost_prices_a_shared_prefix_as_held_on_every_rank() -> None:
+    """A fleet's shared 900 tokens cached on rank 0 alone: by match a new session goes there whatever its
+    load; priced as held everywhere, the idle rank computes it once and takes the session."""
+    loads = [RankLoad(0, 2, 0, 900, 0), RankLoad(1, 0, 0, 0, 0)]
+    assert CostAware(CFG).choose(loads, 1000).rank == 0
+    assert CostAware(CFG).choose(loads, 1000, shared_tokens=900).rank == 1
+    # a session's own history (not shared) keeps its cost where it is cached
+    assert CostAware(CFG).choose([RankLoad(0, 2, 0, 990, 0), RankLoad(1, 0, 0, 0, 0)], 1000, shared_tokens=900).rank == 0
+
+
+def test_cost_weighs_decode_load_by_the_flag() -> None:
+    loads = [RankLoad(0, 30, 0, 900, 0), RankLoad(1, 0, 0, 0, 0)]
+    assert CostAware(RouterConfig(decode_cost_tokens=0)).choose(loads, 1000).rank == 0
+    assert make_policy(RouterConfig(policy="cost")).name == "cost"
 
 
 @pytest.mark.parametrize("rows, want, reason", CACHE_AWARE_TABLE)
