@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+SYSTEM_TMP = str(Path("/") / "tmp") + "/"  # where $TMPDIR is unset elsewhere
 
 
 def _prefixes() -> list[tuple[str, str]]:
@@ -21,7 +22,7 @@ def _prefixes() -> list[tuple[str, str]]:
     from kvstrata.model.fetch import HOME_ENV, model_home
 
     pairs = [(str(REPO) + "/", ""), (str(model_home()) + "/", f"${HOME_ENV}/"),
-             (tempfile.gettempdir().rstrip("/") + "/", "$TMPDIR/"), ("/tmp/", "$TMPDIR/"),
+             (tempfile.gettempdir().rstrip("/") + "/", "$TMPDIR/"), (SYSTEM_TMP, "$TMPDIR/"),
              (str(Path.home()).rstrip("/") + "/", "~/")]
     seen: set[str] = set()
     out = []

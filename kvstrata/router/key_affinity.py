@@ -7,8 +7,9 @@ key's rank is past the balance thresholds (its in-flight requests exceed the lea
 more than `balance_abs_threshold` and by a factor over `balance_rel_threshold`, SGLang's test) or is
 not ready, the key moves to the rank the policy picks and stays there (it does not bounce back).
 
-With `--policy cost` the key stays while its rank costs no more than the policy's pick (the cost counts
-the session's history as tokens another rank would recompute); with `--session-affinity hard` it stays
+With `--policy cost` the key stays while its rank, taken to hold the session's history, costs no more
+than the policy's pick (there the history is tokens to recompute): a move needs a queue on the session's
+rank longer than the prompt another rank would compute; with `--session-affinity hard` it stays
 on its rank while that rank is ready, whatever the load.
 
 The key never crosses tenants: the map's key is (the request's Authorization header, its
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 from kvstrata.config import RouterConfig
@@ -63,12 +65,14 @@ class KeyAffinity:
         return rank.requests - lo > self.cfg.balance_abs_threshold and rank.requests > lo * self.cfg.balance_rel_threshold
 
     def stays(self, load: RankLoad, ranks: Sequence[RankLoad], policy_choice: Decision,
-              cost: Callable[[RankLoad], int] | None) -> bool:
+              cost: Callable[[RankLoad], int] | None, prompt_tokens: int = 0) -> bool:
         if self.cfg.session_affinity == "hard":
             return True
-        if cost is not None:  # soft, by cost: not dearer than the policy's pick
+        if cost is not None:  # soft, by cost: not dearer than the policy's pick, its own rank holding the
+            # session's history (the rank's KV events may not have told of the last turn yet, and a prompt of
+            # other text is still the session's: moving it is what costs its cache)
             pick = next((r for r in ranks if r.rank == policy_choice.rank), load)
-            return cost(load) <= cost(pick)
+            return cost(replace(load, match_tokens=max(load.match_tokens, prompt_tokens))) <= cost(pick)
         return not self.overloaded(load, ranks)
 
     def route(self, key: bytes, ranks: Sequence[RankLoad], policy_choice: Decision, prompt_tokens: int = 0,
@@ -78,7 +82,7 @@ class KeyAffinity:
         state: records and refreshes the key."""
         current = self._rank.get(key)
         load = next((r for r in ranks if r.rank == current), None)
-        if load is not None and self.stays(load, ranks, policy_choice, cost):
+        if load is not None and self.stays(load, ranks, policy_choice, cost, prompt_tokens):
             self._rank.move_to_end(key)
             return Decision(load.rank, "session", load.match_tokens / prompt_tokens if prompt_tokens > 0 else 0.0)
         if current is not None:

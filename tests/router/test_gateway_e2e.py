@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvstrata.config import CacheConfig, ModelConfig, RouterConfig, SchedulerConfig, ServerConfig
 from kvstrata.router.app import GatewayThread
 from kvstrata.router.launcher import RankSupervisor, free_port, rank_specs
+from kvstrata.router.policy import make_policy
 from polling import wait_for
 
 WORDS = "alpha beta gamma delta tool schema json call result weather city price search file read".split()
@@ -179,9 +180,21 @@ def test_killed_rank_loses_no_request_that_had_not_started_streaming(cluster: Cl
 
 
 def test_prompt_cache_key_lands_on_one_rank_and_ranks_stay_balanced(cluster: Cluster) -> None:
-    """8 keys x 3 requests with unrelated prompts (so no cached match groups them), sent 4 at a time:
-    every key's requests land on one rank, keys spread over both ranks, and nothing moved (the loads
-    never passed the balance thresholds)."""
+    """8 keys x 3 requests with unrelated prompts (so no cached match groups them), sent 4 at a time, by
+    `cache_aware` (whose stickiness is SGLang's balance thresholds; by `cost`, the default, a key whose few
+    tokens of history queue behind more than that moves: tests/router/test_key_affinity.py): every key's
+    requests land on one rank, keys spread over both ranks, and nothing moved (the loads never passed the
+    balance thresholds)."""
+    gateway = cluster.gw.gateway
+    default = gateway.policy
+    gateway.policy = make_policy(RouterConfig(policy="cache_aware"))
+    try:
+        check_keys_stick(cluster)
+    finally:
+        gateway.policy = default
+
+
+def check_keys_stick(cluster: Cluster) -> None:
     seen: dict[str, set[int]] = {}
     lock = threading.Lock()
 
