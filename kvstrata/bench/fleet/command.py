@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -96,7 +97,7 @@ def run_policy(policy: str, args: argparse.Namespace, workload: FleetWorkload, t
     from kvstrata.bench.report import achievable_tokens, sent_sequence
 
     port = free_port()
-    extra = ["--dp-size", str(args.dp_size), "--policy", policy, *args.kvstrata_args.split()]
+    extra = ["--dp-size", str(args.dp_size), "--policy", policy, *shlex.split(args.kvstrata_args)]
     with RunningServer(ENGINES["kvstrata"], port, args.model, log, extra) as server:
         server.wait_healthy()
         wait_matching(server.url, args.dp_size)
@@ -117,6 +118,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     try:
         if not policies or any(p not in POLICIES for p in policies) or args.dp_size < 2:
             raise ValueError(f"--policies must name some of {', '.join(POLICIES)}, and --dp-size be >= 2")
+        shlex.split(args.kvstrata_args)  # unbalanced quotes: ValueError
         workload = FleetWorkload(fleet_config(args))
     except ValueError as exc:
         print(f"kvstrata bench fleet: {exc}", file=sys.stderr)
