@@ -8,6 +8,7 @@ keeps every tracked result free of absolute paths.
 """
 from __future__ import annotations
 
+import functools
 import re
 import tempfile
 from pathlib import Path
@@ -17,8 +18,10 @@ REPO = Path(__file__).resolve().parents[2]
 SYSTEM_TMP = str(Path("/") / "tmp") + "/"  # where $TMPDIR is unset elsewhere
 
 
-def _prefixes() -> list[tuple[str, str]]:
-    """(absolute prefix, its stand-in), the most specific first."""
+@functools.lru_cache(maxsize=1)
+def _rules() -> tuple[tuple[re.Pattern[str], str], ...]:
+    """(absolute prefix as a pattern, its stand-in), the most specific first, then the bare checkout; made
+    once (a result holds thousands of strings)."""
     from kvstrata.model.fetch import HOME_ENV, model_home
 
     pairs = [(str(REPO) + "/", ""), (str(model_home()) + "/", f"${HOME_ENV}/"),
@@ -29,15 +32,16 @@ def _prefixes() -> list[tuple[str, str]]:
     for prefix, stand_in in sorted(pairs, key=lambda p: -len(p[0])):
         if prefix not in seen and prefix != "/":
             seen.add(prefix)
-            out.append((prefix, stand_in))
-    return out
+            out.append((re.compile(r"(?<![\w.~$-])" + re.escape(prefix)), stand_in))
+    out.append((re.compile(r"(?<![\w.~$-])" + re.escape(str(REPO)) + r"(?![\w/.-])"), "."))  # the checkout itself
+    return tuple(out)
 
 
 def portable(text: str) -> str:
     """`text` with every absolute path under the repository, model home, temp dir or home rewritten."""
-    for prefix, stand_in in _prefixes():
-        text = re.sub(r"(?<![\w.~$-])" + re.escape(prefix), lambda _: stand_in, text)
-    return re.sub(r"(?<![\w.~$-])" + re.escape(str(REPO)) + r"(?![\w/.-])", ".", text)  # the checkout itself
+    for pattern, stand_in in _rules():
+        text = pattern.sub(lambda _, s=stand_in: s, text)
+    return text
 
 
 def portable_tree(value: Any) -> Any:

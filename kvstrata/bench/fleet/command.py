@@ -27,17 +27,16 @@ from kvstrata.bench.compare.engines import ENGINES, EngineUnavailable, RunningSe
 from kvstrata.bench.fleet.workload import FleetConfig, FleetWorkload, fleet_figures
 from kvstrata.bench.machine import with_machine
 from kvstrata.bench.paths import portable_tree
-from kvstrata.config import RouterConfig
 from kvstrata.router.launcher import free_port
+from kvstrata.router.policy import POLICIES
 
-POLICIES = tuple(RouterConfig.__dataclass_fields__["policy"].metadata["choices"])
 SERVED = "smollm2"  # the name bench/compare/engines.py's kvstrata serves under
 
 
 def add_fleet_args(parser: argparse.ArgumentParser) -> None:
     d = FleetConfig()
     parser.add_argument("--policies", default="cost,cache_aware",
-                        help=f"routing policies run one after another, of {', '.join(POLICIES)}; the first is the "
+                        help=f"routing policies run one after another, of {', '.join(sorted(POLICIES))}; the first is the "
                         "baseline of the ratios (default: %(default)s)")
     parser.add_argument("--dp-size", type=int, default=2, help="ranks (default: %(default)s)")
     parser.add_argument("--model", default="smollm2", help="what every rank serves (default: %(default)s)")
@@ -117,7 +116,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     try:
         if not policies or any(p not in POLICIES for p in policies) or args.dp_size < 2:
-            raise ValueError(f"--policies must name some of {', '.join(POLICIES)}, and --dp-size be >= 2")
+            raise ValueError(f"--policies must name some of {', '.join(sorted(POLICIES))}, and --dp-size be >= 2")
         shlex.split(args.kvstrata_args)  # unbalanced quotes: ValueError
         workload = FleetWorkload(fleet_config(args))
     except ValueError as exc:

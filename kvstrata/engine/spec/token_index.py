@@ -10,9 +10,9 @@ falls under `min_prob` or at `max_tokens` (`walk`, which `context_match.py` shar
 Nothing is indexed: the sequences are int32 arrays, laid end to end (a -1 after each, which no token
 equals) when a search first needs them, and a search compares the context's last token with every held
 token at once, then narrows the survivors by the token before, and so on, as `ContextMatcher` searches
-a request's own tokens. Adding a 2,000-token reply costs a copy (a hash index of every n-gram cost ~20
-ms per 1,000 tokens on the engine thread when a request finished, and ~270 MB for a tenant's 64k
-tokens); a search ~40 us over a tenant's 64k tokens (measured on the Zen 3 EPYC, 2026-12-05).
+a request's own tokens. Adding a reply costs a copy, where a hash index of every n-gram cost time on the
+engine thread when a request finished and hundreds of MB a tenant; a search over a tenant's tokens stays
+in tens of microseconds (docs/speculative.md has the figures).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 // Rows of a GGUF matrix read from the file and dequantized to float32 in one op (model/quant/gguf_rows.py):
 // a decode step's embedding row and its LM head candidates' rows (int8_head.py rescores them). The
-// `gguf` package's numpy dequantize took ~0.7 ms for a step's 32 candidate rows of a 1B model's Q6_K
-// head and 0.17 ms for one embedding row (the Zen 3 EPYC, 2026-12-05), ~5% of a batch-1 decode step.
+// `gguf` package's numpy dequantize of those rows was a visible share of a batch-1 decode step
+// (docs/cpu-kernels.md).
 // Each row is read with pread (never through a map: gguf_rows.py says why) and decoded
 // block by block with the layouts of llama.cpp's ggml-quants, as the package reads them. Every value is an
 // exact product of a float16 and small integers (at most 24 significant bits), plus at most one

@@ -20,8 +20,8 @@ constexpr int kPrefetch = 8;  // tiles ahead (prefetch_ahead)
 // The tile kPrefetch tiles on, into L1, while this one is computed (by passes that start at the first
 // half; where each half has its own pass, the second finds the column in L1 or L2). A tile column is
 // contiguous and the next one follows it, so the hardware prefetchers would find the stream too, but
-// late: at one row a step the kernel waited on memory (a 1B Q4_K_M decode step at batch 1 on the Zen 3
-// EPYC: 56.4 -> 50.9 ms, bench/step_profile.py --ab-act-bits).
+// late: at one row a step the kernel waited on memory (docs/benchmarks.md: a 1B Q4_K_M decode step,
+// bench/step_profile.py --ab-act-bits).
 inline void prefetch_ahead(const uint8_t* wb, int64_t tile_bytes) {
   const uint8_t* p = wb + kPrefetch * tile_bytes;
   for (int64_t l = 0; l < tile_bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(p + l), _MM_HINT_T0);
@@ -316,10 +316,8 @@ void hb_pass(const Activations& a, int64_t r0, int n, int64_t K, const uint8_t* 
 }
 
 // q4: passes of at most 4 rows (q4_tiles); at 8-bit activations, kRowsHalfMin rows or more in one pass a
-// half (q4_rows_half). Random q4k and q4 tiles at 8192 x 3072, in separate processes alternated, the Zen 3
-// EPYC (2 cores, AVX2), 2026-12-04: 4 rows 69.4 / 65.3 GMAC/s in passes of 4 rows against 60.9 / 73.5 a
-// half at a time (its column read twice), 8 rows 54.8 / 61.6 against 72.8 / 76.2, 128 rows 60.6-66.8
-// against 75.2-76.1 (q4k).
+// half (q4_rows_half): from 8 rows a half at a time (its column read twice) runs faster than passes of 4
+// rows on random q4k and q4 tiles (docs/cpu-kernels.md has the figures).
 constexpr int kRowsHalfMin = 8;
 
 template <bool W, Q4 M>
@@ -340,8 +338,7 @@ void q4_passes(const Activations& a, int64_t r0, int R, int64_t K, const uint8_t
 }
 
 // Passes of at most 4 rows (q4) or 2 (the others), each over both halves of every tile: the column streams
-// from memory once and the activations are broadcast once a pass (a 1B Q4_K_M shape's linears at one row
-// on the Zen 3 EPYC: 10.7-14.7 -> 11.9-16.8 GB/s, rows 1-4 gain up to 1.4x, rows 8 the same;
+// from memory once and the activations are broadcast once a pass (rows 1-4 gain, rows 8 the same:
 // docs/cpu-kernels.md). With 16-bit activations the q5/q6/q8 passes of 2 rows would spill their 16
 // accumulators, so a batch of more than 2 rows takes each half in its own pass there (slower by 5-15%
 // with both).

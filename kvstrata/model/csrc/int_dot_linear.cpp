@@ -48,10 +48,8 @@ constexpr int kMaxRows = 8;  // activation rows per q4 pass
 constexpr int64_t kAmxMinRows = 4;
 // q8 at 8-bit activations on signed bytes (int_dot_q8_bytes.h): tiles() given kQ8SignedRows rows or more
 // (of a call's runs of kMaxRows) rebuilds them in registers a pass; a call of kQ8BuiltRows rows or more
-// rebuilds each tile column once for all of them (run()). Against the
-// nibble planes (hb_half), 1B shapes' linears on the Zen 3 EPYC, in-process, 2026-12-04: in registers 0.98-1.04x
-// at 2 rows, 1.15-1.21x at 3-256; the column rebuilt 0.64-0.80x at 2 rows, 0.86-1.04x at 4, 1.05-1.22x at
-// 8, 1.18-1.26x at 16, 1.32-1.39x at 64-256.
+// rebuilds each tile column once for all of them (run()): against the nibble planes (hb_half) the first
+// gains from 3 rows and the second from 8-16 (docs/cpu-kernels.md has the figures).
 constexpr int64_t kQ8SignedRows = 3, kQ8BuiltRows = 16;
 
 // Portable: out[r][i] for R rows and one tile column, any format (the same integers and float operations)

@@ -5,8 +5,8 @@ SmolLM2's LM head is its tied embedding, 49,152 x 576: 113 MB in float32, read i
 decode step. With the linears on their quantized blocks (int_dot.py) it was the largest single read of a
 batch-1 step. Here it is held as int8 with one scale per output row (symmetric, max |w| / 127),
 and run by torch's CPU kernel `aten._weight_int8pack_mm(x, w_int8, scales)`, which is fast with
-bf16 activations only (1 row on a 2-core AVX2 EPYC, one thread: 5.5 ms vs 10.3 ms for the float32
-head; with float32 activations it took 26 ms), so activations are cast around it as for the int4 kernel.
+bf16 activations only (with float32 ones it was slower than the float32 head: docs/cpu-kernels.md), so
+activations are cast around it as for the int4 kernel.
 The GGUF ships this tensor as Q8_0 (blocks of 32 with their own scale): one scale per row instead
 is a second rounding: at most half a step of max |w_row| / 127 per weight, plus at most half a
 step from holding the scales in bf16 (the kernel's dtype). That error, with the bf16 activations,
@@ -123,9 +123,9 @@ def rescore_top(out: torch.Tensor, x: torch.Tensor, exact: ExactRows, rescore: i
     top `rescore`, and sampling sees exact values where its mass is. In place; returns `out`."""
     top = out.topk(min(rescore, out.shape[1]), dim=-1).indices  # [S, k]; S may be 0 (no logits wanted)
     rows = exact[top] if isinstance(exact, torch.Tensor) else exact(top.flatten()).view(*top.shape, x.shape[1])
-    # a matrix-vector product a row, not one bmm: MKL's bmm rounds a row differently by the batch's size (by
-    # ~3e-5 on the Xeon of 2026-12-05), and a verify step's rows must score as their one-row steps do
-    # (engine/spec/: greedy output the same with drafts); no slower there (8 rows of 32 candidates x 2048: 118 us against 122)
+    # a matrix-vector product a row, not one bmm: MKL's bmm rounds a row differently by the batch's size
+    # (docs/speculative.md), and a verify step's rows must score as their one-row steps do (engine/spec/:
+    # greedy output the same with drafts); no slower than the bmm
     rf, xf = rows.float(), x.float()
     scores = torch.stack([torch.mv(rf[i], xf[i]) for i in range(len(xf))]) if len(xf) else out.new_empty(top.shape)
     return out.scatter_(1, top, scores)
