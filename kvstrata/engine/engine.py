@@ -17,7 +17,7 @@ from kvstrata.engine.kv_manager import KVCacheManager
 from kvstrata.engine.output_processor import OutputProcessor
 from kvstrata.engine.outputs import EngineOverloadedError, RequestOutput
 from kvstrata.engine.request import Request
-from kvstrata.engine.runner import ModelRunner
+from kvstrata.engine.runner import ModelRunner, StepResult
 from kvstrata.engine.sampling_params import InvalidRequestError, SamplingParams
 from kvstrata.engine.scheduler import ScheduledBatch, Scheduler
 from kvstrata.engine.spec.cost import measure_step_cost
@@ -187,20 +187,25 @@ class Engine:
                 self.measure_spec_cost()
             self.spec.draft(batch, self.scheduler.kv, self.sched_cfg.max_num_batched_tokens - sum(batch.num_tokens))
         try:
-            tokens = self.runner.run(batch)
+            step = self.runner.run(batch)
         except Exception as exc:  # one bad batch fails its requests, not the engine
             log.exception("model step failed; failing %d requests", len(batch))
             return self._fail(batch, f"{type(exc).__name__}: {exc}")
-        return self.postprocess(batch, tokens)
+        return self.postprocess(batch, step)
 
-    def postprocess(self, batch: ScheduledBatch, tokens: list[list[int] | None]) -> list[RequestOutput]:
-        """Append each request's emitted tokens (stopping at the first that ends it), mark the tokens whose
-        K/V the step wrote computed (its last token and the accepted drafts, not the rejected ones),
-        finish what ended; returns each request's output delta."""
+    def postprocess(self, batch: ScheduledBatch, step: StepResult) -> list[RequestOutput]:
+        """Append each request's emitted tokens (stopping at the first that ends it) and their logprobs,
+        keep prompt logprobs, mark the tokens whose K/V the step wrote computed (its last token and the
+        accepted drafts, not the rejected ones), finish what ended; returns each request's output delta."""
         now = time.monotonic()
         outs: list[RequestOutput] = []
+        for i, (first, entries) in step.prompt_logprobs.items():
+            req = batch.requests[i]
+            if len(req.prompt_logprobs) != req.num_prompt_tokens:  # made at the first chunk; a recompute overwrites
+                req.prompt_logprobs = [None] * req.num_prompt_tokens
+            req.prompt_logprobs[first : first + len(entries)] = entries
         for i, (req, n) in enumerate(zip(batch.requests, batch.num_tokens)):
-            toks, draft = tokens[i], batch.draft(i)
+            toks, draft = step.tokens[i], batch.draft(i)
             if toks is None or req.finished:
                 self.scheduler.advance(req, n - len(draft))
                 continue
@@ -214,6 +219,8 @@ class Engine:
                     reason = "stop"  # the grammar is complete
                 if reason is not None:
                     break
+            if i in step.logprobs:
+                req.logprobs.extend(step.logprobs[i][:emitted])
             accepted = len(toks) - 1  # drafted tokens the model agreed with: their K/V is good
             self.scheduler.advance(req, n - len(draft) + min(emitted, accepted))
             if draft and reason is None:

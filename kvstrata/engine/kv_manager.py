@@ -49,7 +49,7 @@ class KVCacheManager:
     # -- admission -------------------------------------------------------------------------
     def ready(self, req: Request) -> bool:
         """Whether `req` may be admitted now; False while its prefix is prefetched from L3."""
-        if self.tiers is None:
+        if self.tiers is None or req.params.prompt_logprobs is not None:  # the latter matches nothing (admit)
             return True
         return self.tiers.prefetch_ready(req.request_id, req.token_ids, req.params.extra_key)
 
@@ -59,10 +59,16 @@ class KVCacheManager:
         assert not req.pages and req.num_computed_tokens == 0
         if self.cache is None:
             return CacheHit()
-        m = self.cache.match(req.token_ids, req.params.extra_key)
+        # prompt logprobs need every prompt row's logits: such a request matches nothing and computes its
+        # whole prompt (its pages still go to the cache for the requests after it)
+        fresh = req.params.prompt_logprobs is not None
+        m = self.cache.match([] if fresh else req.token_ids, req.params.extra_key)
         self.cache.lock(m.node, hit=not req.admitted_once)  # a preempted request's own pages are no reuse
         device, host, store = m.num_tokens, 0, 0
-        if self.tiers is not None:
+        if self.tiers is not None and fresh:
+            self.tiers.take_prefetched(req.request_id)
+            self.tiers.forget(req.request_id)
+        elif self.tiers is not None:
             self.tiers.on_hit(m)
             m, loaded = self._load_from_host(req, m)
             from_store = self.tiers.take_prefetched(req.request_id)

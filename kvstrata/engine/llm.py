@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
 
 from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig
 from kvstrata.engine.engine import Engine
 from kvstrata.engine.sampling_params import SamplingParams
+from kvstrata.model.logprobs import TokenLogprob
 
 
 @dataclass
@@ -17,6 +18,8 @@ class Completion:
     text: str
     finish_reason: str | None
     cached_tokens: int
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per token, when params.logprobs is set
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token, when params.prompt_logprobs is set
 
 
 def _pick(cls: type, kwargs: dict[str, Any]) -> Any:
@@ -63,6 +66,9 @@ class LLM:
                 c = acc[out.request_id]
                 c.token_ids.extend(out.new_token_ids)
                 c.text += out.new_text
+                c.logprobs.extend(out.new_logprobs or ())
+                if out.prompt_logprobs is not None:
+                    c.prompt_logprobs = out.prompt_logprobs
                 if out.finished:
                     c.finish_reason = out.finish_reason
                     c.cached_tokens = out.cached_tokens

@@ -20,6 +20,7 @@ class _State:
     detok: IncrementalDetokenizer
     pending: str = ""  # text not sent yet (at least the held-back tail), cut at a stop string
     sent_tokens: int = 0
+    sent_prompt_logprobs: bool = False
     holdback: int = 0
     stop_string: str | None = None  # the stop string that ended the request, if one did
 
@@ -62,7 +63,8 @@ class OutputProcessor:
             st.pending += st.detok.flush()  # an incomplete character held back at the very end
         end = len(st.pending) if req.finished else max(0, len(st.pending) - st.holdback)
         new_text, st.pending = st.pending[:end], st.pending[end:]
-        new_tokens = req.token_ids[req.num_prompt_tokens + st.sent_tokens :]  # no copy of the whole output
+        sent = st.sent_tokens
+        new_tokens = req.token_ids[req.num_prompt_tokens + sent :]  # no copy of the whole output
         st.sent_tokens = req.num_output_tokens
         out = RequestOutput(
             request_id=req.request_id,
@@ -77,6 +79,10 @@ class OutputProcessor:
             stats=req.stats,
             stop_string=st.stop_string if req.finished else None,
         )
+        if req.params.logprobs is not None:  # one per new token
+            out.new_logprobs = req.logprobs[sent:]
+        if req.params.prompt_logprobs is not None and not st.sent_prompt_logprobs and req.prompt_logprobs:
+            out.prompt_logprobs, st.sent_prompt_logprobs = req.prompt_logprobs, True
         if req.finished:
             del self._states[req.request_id]
         return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvstrata.engine.sampling_params import RequestStats
+from kvstrata.model.logprobs import TokenLogprob
 
 
 class EngineDeadError(RuntimeError):
@@ -27,3 +28,5 @@ class RequestOutput:
     error: str | None = None  # set when finish_reason == "error"
     stop_string: str | None = None  # the stop string that ended the request (finish_reason "stop")
     stats: RequestStats = field(default_factory=RequestStats)
+    new_logprobs: list[TokenLogprob] | None = None  # one per new token, when the request asked for logprobs
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # once, in the first output: per prompt token

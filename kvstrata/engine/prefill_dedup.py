@@ -27,7 +27,10 @@ def shared_full_pages(a: list[int], b: list[int], page_size: int, limit: int | N
 
 
 def follows_inflight_prefill(req: Request, running: Iterable[Request], page_size: int) -> bool:
-    """Whether `req` shares a full page that a running request has yet to compute in its prompt."""
+    """Whether `req` shares a full page that a running request has yet to compute in its prompt (never for a
+    request that computes its whole prompt: prompt logprobs)."""
+    if req.params.prompt_logprobs is not None:
+        return False
     for other in running:
         computed = other.num_computed_tokens
         if computed >= other.num_prompt_tokens or other.params.extra_key != req.params.extra_key:

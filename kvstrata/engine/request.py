@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from kvstrata.engine.sampling_params import RequestStats, SamplingParams
+from kvstrata.model.logprobs import TokenLogprob
 
 
 class RequestStatus(enum.Enum):
@@ -40,6 +41,9 @@ class Request:
     generator: torch.Generator | None = None
     matcher: Any = None  # llguidance matcher when params.grammar is set (engine/grammar.py)
     admitted_once: bool = False
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token (params.logprobs set)
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # per prompt token; the first None
+    _prompt_mask: torch.Tensor | None = None  # [V] bool, the prompt's tokens (repetition_penalty)
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)
@@ -54,6 +58,14 @@ class Request:
         if self.generator is None and not self.params.greedy and self.params.seed is not None:
             self.generator = torch.Generator(device=device).manual_seed(self.params.seed & 0xFFFF_FFFF_FFFF_FFFF)
         return self.generator
+
+    def prompt_mask(self, vocab_size: int, device: torch.device) -> torch.Tensor:
+        """[V] bool, True at the prompt's tokens: made once, read by each step's repetition penalty."""
+        if self._prompt_mask is None:
+            mask = torch.zeros(vocab_size, dtype=torch.bool)
+            mask[torch.tensor(self.token_ids[: self.num_prompt_tokens], dtype=torch.long)] = True
+            self._prompt_mask = mask.to(device)
+        return self._prompt_mask
 
     @property
     def num_tokens(self) -> int:

@@ -19,6 +19,8 @@ RETENTION_CLASSES = ("in_memory", "24h", "5m", "1h")
 MAX_STOP_STRING_CHARS = 256  # a stop string is held back from the stream while it may be forming
 MAX_STOP_TOKEN_IDS = 64  # each one is compared with every generated token
 MAX_SEED = 2**63 - 1  # what a torch.Generator takes
+MAX_LOGPROBS = 20  # top logprobs per token (OpenAI's chat limit; completions allow 5, checked by the route)
+MAX_LOGIT_BIAS = 300  # token ids one request may bias (OpenAI's limit)
 
 
 class InvalidRequestError(ValueError):
@@ -47,16 +49,31 @@ class SamplingParams:
     retention: str = "in_memory"  # prompt_cache_retention: "24h" pins the prompt's pages longer
     retain_tokens: int = 0  # the retention covers the prompt's first N tokens only (a cache_control breakpoint); 0: all
     grammar: str | None = None  # llguidance grammar the output must follow (engine/grammar.py)
+    # penalties and filters (model/penalties.py has the order they apply in); the defaults are off
+    presence_penalty: float = 0.0  # OpenAI's: minus this once a token was generated
+    frequency_penalty: float = 0.0  # OpenAI's: minus this for each time a token was generated
+    repetition_penalty: float = 1.0  # transformers'/vLLM's: prompt and output tokens' logits divided (>0) or times it
+    min_p: float = 0.0  # drop tokens below min_p x the top token's probability (after temperature)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), ids ascending
+    logprobs: int | None = None  # each generated token's logprob and this many top alternatives; None: none
+    prompt_logprobs: int | None = None  # the same for each prompt token (completions' echo); None: none
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in dict(self.logit_bias).items())))
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty or a logit bias changes this request's logits (model/penalties.py)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias)
 
     def validate(self, vocab_size: int, max_n: int = 8, max_stop: int = 16) -> None:
         """Raise InvalidRequestError with the offending parameter named."""
@@ -77,6 +94,7 @@ class SamplingParams:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         if self.top_k < -1:
             raise InvalidRequestError(f"top_k must be -1, 0 (off) or positive, got {self.top_k}", "top_k")
+        self._validate_penalties(vocab_size)
         if not (1 <= self.n <= max_n):
             raise InvalidRequestError(f"n must be between 1 and {max_n}, got {self.n}", "n")
         if self.retention not in RETENTION_CLASSES:
@@ -106,6 +124,28 @@ class SamplingParams:
             raise InvalidRequestError(
                 f"stop_token_ids {bad} are outside the vocabulary [0, {vocab_size})", "stop_token_ids"
             )
+
+    def _validate_penalties(self, vocab_size: int) -> None:
+        for name, lo, hi in (("presence_penalty", -2.0, 2.0), ("frequency_penalty", -2.0, 2.0), ("min_p", 0.0, 1.0)):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and lo <= value <= hi):
+                raise InvalidRequestError(f"{name} must be between {lo:g} and {hi:g}, got {value}", name)
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            msg = f"repetition_penalty must be a finite number > 0 (1 = off), got {self.repetition_penalty}"
+            raise InvalidRequestError(msg, "repetition_penalty")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            msg = f"logit_bias may name at most {MAX_LOGIT_BIAS} tokens, got {len(self.logit_bias)}"
+            raise InvalidRequestError(msg, "logit_bias")
+        for token, bias in self.logit_bias:
+            if not 0 <= token < vocab_size:
+                raise InvalidRequestError(f"logit_bias token id {token} is outside the vocabulary [0, {vocab_size})",
+                                          "logit_bias")
+            if not (math.isfinite(bias) and -100 <= bias <= 100):
+                raise InvalidRequestError(f"logit_bias values must be between -100 and 100, got {bias}", "logit_bias")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS):
+                raise InvalidRequestError(f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}", name)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from kvstrata.engine.runner import ModelRunner, slot_range
+from kvstrata.engine.sampling_params import SamplingParams
 from kvstrata.engine.scheduler import ScheduledBatch
 from kvstrata.kv.pool import PagePool
 
@@ -39,9 +40,13 @@ class WarmupReport:
     seconds: float
 
 
+PLAIN = SamplingParams()  # a dummy request scores nothing
+
+
 def fake_request(token_ids: list[int], computed: int, pages: list[int]) -> Any:
     """What ModelRunner.prepare and ScheduledBatch.samples read of a Request, and nothing else."""
-    return SimpleNamespace(token_ids=token_ids, num_computed_tokens=computed, num_tokens=len(token_ids), pages=pages)
+    return SimpleNamespace(token_ids=token_ids, num_computed_tokens=computed, num_tokens=len(token_ids), pages=pages,
+                           num_prompt_tokens=len(token_ids), params=PLAIN)
 
 
 def zero_pages(pool: PagePool, pages: list[int]) -> None:

@@ -7,6 +7,7 @@ batch (and across a preemption: recompute samples nothing). The tokens stay on t
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,7 @@ class SampleSpec:
     top_p: float
     top_k: int
     generator: torch.Generator | None
+    min_p: float = 0.0
 
 
 def multinomial_sample_one_no_sync(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -51,8 +53,11 @@ def _nucleus_candidates(scaled: torch.Tensor, top_p: float) -> tuple[torch.Tenso
 
 def filtered_probs(logits: torch.Tensor, spec: SampleSpec) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logits [V] -> (unnormalised probabilities of the candidates, their token ids or None = all),
-    for softmax(logits / T) after top-k, then top-p (renormalised over what top-k kept)."""
+    for softmax(logits / T) after min-p, then top-k, then top-p (renormalised over what top-k kept).
+    min-p drops p < min_p * p_max, i.e. a scaled logit more than -log(min_p) below the largest."""
     scaled = logits / spec.temperature
+    if spec.min_p > 0.0:
+        scaled = scaled.masked_fill(scaled < scaled.max() + math.log(spec.min_p), float("-inf"))
     ids: torch.Tensor | None = None
     if 0 < spec.top_k < scaled.shape[-1]:
         scaled, ids = torch.topk(scaled, spec.top_k)  # sorted descending

@@ -81,6 +81,10 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def token_text(self, token_id: int) -> str:
+        """One token's own text, special tokens included (logprobs name tokens by it)."""
+        return self.decode([token_id], skip_special_tokens=False)
+
     def apply_chat_template(
         self,
         messages: list[dict[str, Any]],

@@ -55,6 +55,19 @@ def test_top_k_top_p_frequencies() -> None:
     assert torch.allclose(freq, want / want.sum(), atol=0.015), freq
 
 
+def test_min_p_frequencies() -> None:
+    """min-p after temperature: p = softmax([4, 3, 2, 1, 0] / 2); min_p 0.5 keeps p >= p_max / 2, i.e. logits
+    within 2 log 2 of the top after scaling: tokens 0 and 1, in the ratio e^0.5 : 1; then top-k 1 keeps one."""
+    logits = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0])
+    gen = torch.Generator().manual_seed(5)
+    n = 20000
+    draws = torch.stack([sample_row(logits, SampleSpec(2.0, 1.0, 0, gen, min_p=0.5)) for _ in range(n)])
+    freq = torch.bincount(draws, minlength=5).float() / n
+    want = torch.tensor([torch.e ** 0.5, 1.0, 0.0, 0.0, 0.0])
+    assert torch.allclose(freq, want / want.sum(), atol=0.015), freq
+    assert {int(sample_row(logits, SampleSpec(2.0, 1.0, 1, gen, min_p=0.5))) for _ in range(50)} == {0}
+
+
 def test_seeded_rows_repeat_whatever_the_batch() -> None:
     logits = torch.randn(3, 1000)
     spec = lambda seed: SampleSpec(0.8, 0.95, 50, torch.Generator().manual_seed(seed))  # noqa: E731

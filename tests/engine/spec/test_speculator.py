@@ -4,7 +4,6 @@ pages go back; only accepted tokens reach the prefix cache; a tenant's outputs d
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import pytest
 from kvstrata.engine.llm import LLM
 from kvstrata.engine.sampling_params import SamplingParams
 from kvstrata.engine.spec.speculator import Speculator
+from prompt_support import repetitive_prompts
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
 
@@ -21,17 +21,6 @@ def make(model: str | Path, **kw: Any) -> LLM:
     kw.setdefault("dtype", "float32")
     kw.setdefault("max_total_tokens", 4096)
     return LLM(str(model), **kw)
-
-
-def repetitive_prompts(n: int, seed: int = 0) -> list[list[int]]:
-    """Prompts that repeat a phrase, so that a random-weight model's output (which loops) and the
-    prompt give the drafter matches."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        phrase = [rng.randrange(3, 49000) for _ in range(rng.randint(3, 9))]
-        out.append([rng.randrange(3, 49000) for _ in range(rng.randint(2, 30))] + phrase * rng.randint(2, 8))
-    return out
 
 
 @pytest.fixture(scope="module")
