@@ -1,5 +1,6 @@
-"""The gateway's HTTP face: OpenAI routes proxied to a rank (chat, completions, responses), plus
-/health, /metrics, /dashboard, /flush_cache.
+"""The gateway's HTTP face: OpenAI routes proxied to a rank (chat, completions, responses), the
+tokenizer's routes (/tokenize, /detokenize) sent to any ready rank, plus /health, /metrics,
+/dashboard, /flush_cache.
 
 It checks API keys itself (the rank's middleware and key sources: `--api-key`, `--api-key-file`,
 $KVSTRATA_API_KEY; the dashboard cookie too) and forwards the client's `Authorization` header, so
@@ -29,7 +30,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from kvstrata.config import RouterConfig, ServerConfig
-from kvstrata.router.gateway import Gateway
+from kvstrata.router.gateway import Gateway, send_headers
+from kvstrata.router.passthrough import any_rank
 from kvstrata.serving.auth import ApiKeys, AuthMiddleware, request_tenant
 from kvstrata.serving.dashboard import install_dashboard_route
 from kvstrata.serving.errors import install_error_handlers
@@ -45,6 +47,9 @@ from kvstrata.serving.worker_info import MODEL_INFO_PATHS, SERVER_INFO_PATHS
 logger = logging.getLogger(__name__)
 # sent on to a rank
 PROXIED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens")
+# every rank has the same tokenizer: any ready one answers, nothing is routed or counted as load
+TOKENIZER_PATHS = ("/tokenize", "/detokenize")
+TOKENIZER_TIMEOUT_S = 60.0  # a prompt near the body limit takes a rank seconds to tokenize
 
 
 def build_gateway_app(
@@ -76,6 +81,14 @@ def build_gateway_app(
 
     for path in PROXIED_PATHS:
         app.add_api_route(path, proxied, methods=["POST"], name=f"proxy{path}")
+
+    async def tokenizer(request: Request) -> Response:
+        send = send_headers(dict(request.headers))
+        return await any_rank(gateway.pool, gateway.client, "POST", request.url.path, send, await request.body(),
+                              TOKENIZER_TIMEOUT_S)
+
+    for path in TOKENIZER_PATHS:
+        app.add_api_route(path, tokenizer, methods=["POST"], name=f"tokenizer{path}")
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:

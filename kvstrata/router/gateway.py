@@ -28,7 +28,7 @@ from kvstrata.router.key_affinity import KeyAffinity, affinity_key
 from kvstrata.router.policy import CostAware, Decision, make_policy
 from kvstrata.router.prompt import Prompt, PromptHasher
 from kvstrata.metrics.gateway import RouterMetrics
-from kvstrata.router.passthrough import Release, finish, passthrough
+from kvstrata.router.passthrough import Release, any_rank, finish, passthrough
 from kvstrata.router.response_ranks import ResponseRanks
 from kvstrata.router.shared_prefix import SharedPrefixes
 from kvstrata.router.workers import Worker, WorkerPool
@@ -202,7 +202,7 @@ class Gateway:
                                code="no_rank_ready")
             worker, decision, uncached = self.choose(body, ready, prompt, headers)
         cost = (prompt.num_tokens if prompt else len(raw) // 4) + _max_tokens(body)
-        send = {k: v for k, v in headers.items() if k in SEND_HEADERS}
+        send = send_headers(headers)
         tried: set[int] = set()
         overhead = time.perf_counter() - started  # parse, tokenize, hash, route: up to the first send
         while True:
@@ -260,16 +260,7 @@ class Gateway:
 
     async def get_json(self, path: str, headers: dict[str, str]) -> Response:
         """A GET any ready rank can answer (/v1/models), with the client's credentials."""
-        send = {k: v for k, v in headers.items() if k in SEND_HEADERS}
-        for w in self.pool.ready():
-            try:
-                resp = await self.client.get(w.url + path, timeout=10, headers=send)
-            except httpx.TransportError as exc:
-                self.pool.mark_down(w, f"{type(exc).__name__} on GET {path}")
-                continue
-            return Response(resp.content, status_code=resp.status_code, media_type="application/json")
-        raise APIError(503, "no engine rank is ready; retry when GET /health returns 200", "server_error",
-                       code="no_rank_ready")
+        return await any_rank(self.pool, self.client, "GET", path, send_headers(headers))
 
     async def fan_out(self, method: str, path: str) -> dict[int, httpx.Response | None]:
         """The same request to every ready rank at once (metrics, flush); None where it failed."""
@@ -283,6 +274,11 @@ class Gateway:
 
         results = await asyncio.gather(*(one(w) for w in ready))
         return {w.rank: r for w, r in zip(ready, results)}
+
+
+def send_headers(headers: dict[str, str]) -> dict[str, str]:
+    """The client's headers a rank gets (its key among them, so the rank puts the request in its tenant)."""
+    return {k: v for k, v in headers.items() if k in SEND_HEADERS}
 
 
 def _parse(raw: bytes) -> Any:

@@ -1,14 +1,17 @@
-"""Streaming a rank's answer through the gateway: chunks as they come, and the request's in-flight
-load on its rank undone exactly once however it ends (stream end, a broken upstream, a client
-that left, an answer that never started)."""
+"""A rank's answer through the gateway. A routed request's is streamed: chunks as they come, and the
+request's in-flight load on its rank undone exactly once however it ends (stream end, a broken upstream,
+a client that left, an answer that never started). A request every rank answers alike (/v1/models,
+/tokenize) goes to `any_rank`: no routing, no load counted, the whole answer read at once."""
 from __future__ import annotations
 
 import logging
 from typing import AsyncIterator
 
 import httpx
+from fastapi.responses import Response
 
-from kvstrata.router.workers import Worker
+from kvstrata.router.workers import Worker, WorkerPool
+from kvstrata.serving.errors import APIError
 
 logger = logging.getLogger(__name__)
 
@@ -54,3 +57,21 @@ async def passthrough(
 async def finish(upstream: httpx.Response, release: Release) -> None:
     release()
     await upstream.aclose()
+
+
+async def any_rank(
+    pool: WorkerPool, client: httpx.AsyncClient, method: str, path: str, headers: dict[str, str],
+    content: bytes | None = None, timeout_s: float = 10.0,
+) -> Response:
+    """The answer of the least-loaded ready rank (the next one when a rank cannot be reached), with its
+    status and body as they are and the rank in `x-kvstrata-rank`; 503 no_rank_ready when none answers."""
+    for w in sorted(pool.ready(), key=lambda w: (w.tokens, w.requests)):
+        try:
+            resp = await client.request(method, w.url + path, content=content, headers=headers, timeout=timeout_s)
+        except httpx.TransportError as exc:
+            pool.mark_down(w, f"{type(exc).__name__} on {method} {path}")
+            continue
+        return Response(resp.content, status_code=resp.status_code, media_type="application/json",
+                        headers={"x-kvstrata-rank": str(w.rank)})
+    raise APIError(503, "no engine rank is ready; retry when GET /health returns 200", "server_error",
+                   code="no_rank_ready")

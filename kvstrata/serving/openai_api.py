@@ -1,5 +1,5 @@
 """The OpenAI-compatible FastAPI app: /v1/chat/completions, /v1/completions, /v1/models, /health
-(and /v1/responses, and Anthropic's /v1/messages, as adapters onto the chat path).
+(and /v1/responses, and Anthropic's /v1/messages, as adapters onto the chat path; vLLM's /tokenize).
 
 A route validates (protocol.py), asks the response cache (response_cache/service.py: a hit is
 replayed without the engine), fans the choices into the engine and merges them (streaming.py),
@@ -10,6 +10,7 @@ client that disconnects aborts its engine requests: non-streaming routes poll
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -19,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kvstrata.engine.outputs import RequestOutput
+from kvstrata.model.logprobs import TokenLogprob
 from kvstrata.serving.admin import install_admin_routes
 from kvstrata.serving.auth import AuthMiddleware, request_tenant, scoped_to_tenant
 from kvstrata.serving.deadline import with_deadline
@@ -26,6 +28,7 @@ from kvstrata.serving.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnecte
 from kvstrata.serving.errors import install_error_handlers
 from kvstrata.serving.health import install_health_route
 from kvstrata.serving.limits import RequestLimitsMiddleware
+from kvstrata.serving.logprob_shapes import CompletionOffsets
 from kvstrata.serving.messages.errors import AnthropicErrors
 from kvstrata.serving.messages.route import install_messages_routes
 from kvstrata.serving.prepare import PreparedRequest, check_model, prepare_chat, prepare_completion, reply_reasoning
@@ -37,6 +40,7 @@ from kvstrata.serving.response_cache.service import CacheHeaderOnErrors, Ticket
 from kvstrata.serving.responses.route import install_responses_route
 from kvstrata.serving.shutdown import LifecycleMiddleware
 from kvstrata.serving.state import ServerState
+from kvstrata.serving.tokenize_api import install_tokenize_routes
 from kvstrata.serving.worker_info import install_worker_info_routes
 from kvstrata.serving.streaming import (
     ResponseShape,
@@ -56,18 +60,32 @@ logger = logging.getLogger(__name__)
 
 
 async def _collect(
-    outputs: AsyncIterator[tuple[int, RequestOutput]], usage: UsageTracker, num_choices: int
-) -> list[tuple[str, str | None]]:
-    """All choices' full text and finish reason, in choice order."""
+    outputs: AsyncIterator[tuple[int, RequestOutput]], usage: UsageTracker, shape: ResponseShape, num_choices: int
+) -> list[dict[str, Any]]:
+    """All choices, whole, in choice order."""
     texts: list[list[str]] = [[] for _ in range(num_choices)]
     reasons: list[str | None] = [None] * num_choices
+    entries: list[list[TokenLogprob]] = [[] for _ in range(num_choices)]
+    prompts: list[list[TokenLogprob | None] | None] = [None] * num_choices
     async for index, out in outputs:
         usage.observe(index, out)
         raise_if_failed(out)
         texts[index].append(out.new_text)
+        entries[index].extend(out.new_logprobs or ())
+        if out.prompt_logprobs is not None:
+            prompts[index] = out.prompt_logprobs
         if out.finished:
             reasons[index] = out.finish_reason
-    return [("".join(t), r) for t, r in zip(texts, reasons)]
+    choices = []
+    for i in range(num_choices):
+        text, offsets = "".join(texts[i]), CompletionOffsets()
+        if shape.echo is not None:
+            prompt, logprobs = shape.echoed(i, prompts[i], entries[i], offsets)
+            text = prompt + text
+        else:
+            logprobs = shape.logprobs(entries[i], offsets)
+        choices.append(shape.choice(i, text, reasons[i], logprobs))
+    return choices
 
 
 def _request_id(chat: bool) -> str:
@@ -79,8 +97,10 @@ async def _serve(
     ticket: Ticket,
 ) -> Response:
     request_id = _request_id(chat)
+    params = prepared.params
+    token_text = functools.lru_cache(maxsize=None)(engine.tokenizer.token_text) if params.logprobs is not None else None
     shape = ResponseShape(chat, request_id, engine.served_model_name, tool_format=prepared.tool_format,
-                          reasoning=prepared.reasoning)
+                          reasoning=prepared.reasoning, token_text=token_text, echo=prepared.echo, n=params.n)
     jobs = fan_out(request_id, prepared)
     usage = UsageTracker([len(p) for p in prepared.prompts], prepared.params.n)
     logger.debug(
@@ -99,7 +119,7 @@ async def _serve(
             streaming = True  # the stream's end releases the ticket
             headers = {"Cache-Control": "no-cache", **ticket.headers}
             return StreamingResponse(body, media_type="text/event-stream", headers=headers)
-        results = await until_disconnect(request, _collect(outputs, usage, len(jobs)))
+        choices = await until_disconnect(request, _collect(outputs, usage, shape, len(jobs)))
     except ClientDisconnected:
         logger.info("client_disconnected request_id=%s", request_id)
         return Response(status_code=CLIENT_CLOSED_REQUEST, headers=ticket.headers)
@@ -109,7 +129,6 @@ async def _serve(
     finally:
         if not streaming:
             ticket.release()
-    choices = [shape.choice(i, text, reason) for i, (text, reason) in enumerate(results)]
     body = {**shape.header(streaming=False), "choices": choices, "usage": usage.body()}
     return JSONResponse(body, headers=ticket.headers)
 
@@ -183,6 +202,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     install_responses_route(app, state)  # /v1/responses (serving/responses/)
     install_messages_routes(app, state)  # /v1/messages, Anthropic's (serving/messages/)
+    install_tokenize_routes(app, state)  # /tokenize, /detokenize, vLLM's
     install_admin_routes(app, state)
     install_rank_info_route(app, state)  # /v1/kvstrata/info, for the DP gateway
     install_worker_info_routes(app, state)  # /server_info, /model_info, for SGLang Model Gateway

@@ -4,6 +4,8 @@
 prompt; both check the model name, prompt lengths and ids, and clamp max_tokens to the room
 left in the context (see protocol.py's docstring for the rules). `prepare_chat` also resolves how
 the reply's reasoning is split off (`reply_reasoning`: `--reasoning-parser` and the request's thinking).
+`render_chat` and `check_context_length` are the template rendering and the length rule alone, which
+/tokenize (tokenize_api.py) shares.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from kvstrata.serving.protocol import (
 )
 from kvstrata.serving.reasoning import resolve_reasoning_parser
 from kvstrata.serving.tool_calls.formats import ToolCallFormat
-from kvstrata.serving.tool_calls.plan import plan_tools
+from kvstrata.serving.tool_calls.plan import ToolPlan, plan_tools
 from kvstrata.serving.tool_calls.validate import forced_tool, response_schema
 
 if TYPE_CHECKING:
@@ -37,6 +39,7 @@ class PreparedRequest:
     timeout_s: float | None = None  # the request's `timeout`: abort and answer 408 past it
     tool_format: ToolCallFormat | None = None  # chat with tools: replies are parsed for tool calls
     reasoning: str | None = None  # chat: the reasoning parser replies are split with (None: all content)
+    echo: list[tuple[str, list[int]]] | None = None  # completions' echo: each prompt's text and tokens
 
 
 def check_model(model: str | None, engine: AsyncEngine) -> None:
@@ -44,6 +47,15 @@ def check_model(model: str | None, engine: AsyncEngine) -> None:
     if model is not None and model != engine.served_model_name:
         msg = f"The model {quote(model)} does not exist; this server serves `{engine.served_model_name}`"
         raise APIError(404, msg, param="model", code="model_not_found")
+
+
+def check_context_length(num_tokens: int, limit: int, param: str) -> None:
+    """400 context_length_exceeded naming `param` unless a prompt this long leaves room for a generated token."""
+    if num_tokens >= limit:
+        raise InvalidRequestError(
+            f"the prompt has {num_tokens} tokens but the model's maximum context is {limit} tokens "
+            f"(including at least 1 generated token); shorten the prompt", param, "context_length_exceeded",
+        )
 
 
 def _finish(
@@ -58,12 +70,7 @@ def _finish(
         if bad:
             msg = f"prompt token ids {bad[:8]} are outside the vocabulary [0, {vocab})"
             raise InvalidRequestError(msg, "prompt")
-        if len(ids) >= limit:
-            raise InvalidRequestError(
-                f"the prompt has {len(ids)} tokens but the model's maximum context is {limit} tokens "
-                f"(including at least 1 generated token); shorten the prompt",
-                "messages" if isinstance(req, ChatCompletionRequest) else "prompt", "context_length_exceeded",
-            )
+        check_context_length(len(ids), limit, "messages" if isinstance(req, ChatCompletionRequest) else "prompt")
     if max_tokens is not None and max_tokens >= limit:
         name = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
         raise InvalidRequestError(
@@ -93,18 +100,26 @@ def reply_reasoning(req: ChatCompletionRequest, tokenizer: Tokenizer, reasoning_
     return resolve_reasoning_parser(reasoning_parser, template.source if template is not None else None)
 
 
+def render_chat(
+    req: ChatCompletionRequest, tokenizer: Tokenizer, tool_call_parser: str, add_generation_prompt: bool = True
+) -> tuple[ToolPlan, str]:
+    """The request's checked tool plan and the prompt text its messages render to (400s naming the field)."""
+    plan = plan_tools(req, tokenizer, tool_call_parser)
+    try:
+        text = tokenizer.apply_chat_template(plan.messages, add_generation_prompt=add_generation_prompt,
+                                             tools=plan.template_tools, **req.template_kwargs())
+    except Exception as exc:  # a template's raise_exception(...) or a message it cannot render
+        msg = f"the chat template could not render these messages: {exc}"
+        raise InvalidRequestError(msg, "messages") from exc
+    return plan, text
+
+
 def prepare_chat(
     req: ChatCompletionRequest, engine: AsyncEngine, tool_call_parser: str = "auto", reasoning_parser: str = "auto"
 ) -> PreparedRequest:
     check_model(req.model, engine)
     req.refuse_unsupported()
-    plan = plan_tools(req, engine.tokenizer, tool_call_parser)
-    try:
-        text = engine.tokenizer.apply_chat_template(plan.messages, add_generation_prompt=True,
-                                                    tools=plan.template_tools, **req.template_kwargs())
-    except Exception as exc:  # a template's raise_exception(...) or a message it cannot render
-        msg = f"the chat template could not render these messages: {exc}"
-        raise InvalidRequestError(msg, "messages") from exc
+    plan, text = render_chat(req, engine.tokenizer, tool_call_parser)
     prompt = engine.tokenizer.encode(text)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     prepared = _finish(req, engine, [prompt], max_tokens, None)
@@ -118,5 +133,10 @@ def prepare_completion(req: CompletionRequest, engine: AsyncEngine) -> PreparedR
     raw = req.prompt
     items: list[Any] = [raw] if isinstance(raw, str) or (raw and type(raw[0]) is int) else list(raw)
     prompts = [engine.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in items]
-    return _finish(req, engine, prompts, req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
+    prepared = _finish(req, engine, prompts, req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
+    if not req.echo:
+        return prepared
+    texts = [p if isinstance(p, str) else engine.tokenizer.decode(ids, skip_special_tokens=False)
+             for p, ids in zip(items, prompts)]
+    return replace(prepared, echo=list(zip(texts, prompts)))
 

@@ -3,8 +3,12 @@
 Pydantic checks types (strict: "5" is not an int, 1.0 is not an int, "true" is not a bool) and
 shapes; `prepare_chat` / `prepare_completion` (prepare.py) check values against the loaded model
 and return a `PreparedRequest`. Unknown fields are ignored, as vLLM does (clients send vendor fields through
-`extra_body`; OpenAI itself refuses them). Fields we accept but cannot honour (logprobs,
-penalties, min_p, ...) are refused with a 400 rather than ignored.
+`extra_body`; OpenAI itself refuses them). Fields we accept but cannot honour (`suffix`, a `best_of`
+other than n) are refused with a 400 rather than ignored.
+
+Logprobs: chat's `logprobs` + `top_logprobs` (0-20), completions' `logprobs` (0-5) and `echo` (the prompt,
+and with `logprobs` its tokens' logprobs, the first null). Values are the model's own log-softmax, before
+penalties and temperature (model/logprobs.py); penalties and filters apply in model/penalties.py's order.
 
 max_tokens: when absent, chat gets the rest of the context and completions get 16 (OpenAI's
 defaults). When prompt + max_tokens exceeds the context, max_tokens is clamped to what fits (the
@@ -34,6 +38,8 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
 MAX_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions
+MAX_TOKEN_ID_DIGITS = 10  # a logit_bias key longer than this is no token id of any vocabulary
 MAX_CACHE_SALT_CHARS = 256  # hashed into every page key and kept as a radix-tree key
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]  # OpenAI's values
 # variables the template gets from the request itself: chat_template_kwargs may not replace them
@@ -134,7 +140,7 @@ class _SamplingRequest(BaseModel):
     @classmethod
     def _logit_bias_shape(cls, v: dict[str, float] | None) -> dict[str, float] | None:
         for key, bias in (v or {}).items():
-            if not key.isdigit():
+            if not (key.isascii() and key.isdigit() and len(key) <= MAX_TOKEN_ID_DIGITS):
                 raise ValueError(f"logit_bias keys must be token ids written as strings, got {quote(key)}")
             if not -100 <= bias <= 100:
                 raise ValueError(f"logit_bias values must be between -100 and 100, got {bias}")
@@ -150,11 +156,6 @@ class _SamplingRequest(BaseModel):
         if self.temperature is not None and self.temperature > MAX_TEMPERATURE:
             msg = f"temperature must be between 0 and {MAX_TEMPERATURE}, got {self.temperature}"
             raise InvalidRequestError(msg, "temperature")
-        for name, off in (("presence_penalty", 0), ("frequency_penalty", 0), ("min_p", 0), ("repetition_penalty", 1)):
-            if getattr(self, name) not in (None, off):
-                raise InvalidRequestError(f"{name} is not supported; omit it or send {off}", name, "unsupported")
-        if self.logit_bias:
-            raise InvalidRequestError("logit_bias is not supported; omit it", "logit_bias", "unsupported")
 
     @property
     def include_usage(self) -> bool:
@@ -174,7 +175,24 @@ class _SamplingRequest(BaseModel):
             extra_key=self.cache_salt,
             cache_key=self.prompt_cache_key,
             retention=self.prompt_cache_retention or "in_memory",
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            min_p=self.min_p or 0.0,
+            logit_bias=tuple((int(k), v) for k, v in (self.logit_bias or {}).items()),
+            logprobs=self.wanted_logprobs,
+            prompt_logprobs=self.wanted_prompt_logprobs,
         )
+
+    @property
+    def wanted_logprobs(self) -> int | None:
+        """Top alternatives per generated token when the request asks for logprobs, else None."""
+        return None
+
+    @property
+    def wanted_prompt_logprobs(self) -> int | None:
+        """The same for the prompt's tokens (completions' echo with logprobs), else None."""
+        return None
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -220,6 +238,10 @@ class ChatCompletionRequest(_SamplingRequest):
                 raise ValueError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., ...}}}}")
         return v
 
+    @property
+    def wanted_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
         if self.top_logprobs is not None and not (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
@@ -227,9 +249,6 @@ class ChatCompletionRequest(_SamplingRequest):
             raise InvalidRequestError(msg, "top_logprobs")
         if self.top_logprobs and not self.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs: true", "top_logprobs")
-        if self.logprobs or self.top_logprobs:
-            msg = "logprobs are not supported; omit logprobs/top_logprobs"
-            raise InvalidRequestError(msg, "logprobs", "unsupported")
         if self.tool_choice not in (None, "none") and not self.tools:
             raise InvalidRequestError("tool_choice is only allowed when tools are given", "tool_choice")
         # tools, tool_choice and response_format values: serving/tool_calls/validate.py (via plan_tools)
@@ -258,11 +277,21 @@ class CompletionRequest(_SamplingRequest):
             "prompt must be a string, a list of strings, a non-empty list of token ids, or a list of such lists"
         )
 
+    @property
+    def wanted_logprobs(self) -> int | None:
+        return self.logprobs
+
+    @property
+    def wanted_prompt_logprobs(self) -> int | None:
+        return self.logprobs if self.echo else None
+
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        for name, default in (("logprobs", None), ("echo", False), ("suffix", None)):
-            if getattr(self, name) != default:
-                raise InvalidRequestError(f"{name} is not supported; omit it", name, "unsupported")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_COMPLETION_LOGPROBS:
+            msg = f"logprobs must be between 0 and {MAX_COMPLETION_LOGPROBS}, got {self.logprobs}"
+            raise InvalidRequestError(msg, "logprobs")
+        if self.suffix is not None:
+            raise InvalidRequestError("suffix is not supported; omit it", "suffix", "unsupported")
         if self.best_of not in (None, self.n):
             msg = "best_of is not supported; omit it or set it equal to n"
             raise InvalidRequestError(msg, "best_of", "unsupported")

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from kvstrata.engine.outputs import RequestOutput
 from kvstrata.engine.sampling_params import SamplingParams
+from kvstrata.model.logprobs import TokenLogprob
 from kvstrata.serving.errors import APIError, api_error_from, error_body
+from kvstrata.serving.logprob_shapes import CompletionOffsets, TokenText, chat_logprobs, completion_logprobs
 from kvstrata.serving.prepare import PreparedRequest
 from kvstrata.serving.reasoning import ReasoningSplitter, split_reasoning
 from kvstrata.serving.tool_calls.formats import ToolCallFormat
@@ -146,12 +148,16 @@ class ResponseShape:
     created: int = field(default_factory=lambda: int(time.time()))
     tool_format: ToolCallFormat | None = None  # chat with tools: replies are parsed for tool calls
     reasoning: str | None = None  # chat: the reasoning parser (None: replies are all content)
+    token_text: TokenText | None = None  # the request asked for logprobs: a token's text (serving/logprob_shapes.py)
+    echo: list[tuple[str, list[int]]] | None = None  # completions' echo: each prompt's text and tokens
+    n: int = 1  # choices per prompt: choice i echoes prompt i // n
 
     def header(self, streaming: bool) -> dict[str, Any]:
         kind = ("chat.completion.chunk" if streaming else "chat.completion") if self.chat else "text_completion"
         return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model}
 
-    def choice(self, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    def choice(self, index: int, text: str, finish_reason: str | None,
+               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         if self.chat:
             reasoning, text = split_reasoning(self.reasoning, text)
             message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -159,12 +165,31 @@ class ResponseShape:
                 message, finish_reason = chat_message(self.tool_format, text, finish_reason)
             if self.reasoning is not None:
                 message["reasoning_content"] = reasoning
-            return {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason}
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def echoed(self, index: int, prompt: list[TokenLogprob | None] | None, entries: list[TokenLogprob],
+               offsets: CompletionOffsets) -> tuple[str, dict[str, Any] | None]:
+        """The echoed prompt's text, and the logprobs of its tokens (`prompt`) then of `entries` (the first
+        output's) when asked for: what a choice's text and logprobs start with under `echo`."""
+        assert self.echo is not None
+        text, ids = self.echo[index // self.n]
+        if self.token_text is None:
+            return text, None
+        return text, completion_logprobs([*(prompt or [None] * len(ids)), *entries], self.token_text, ids[:1],
+                                         offsets)
+
+    def logprobs(self, entries: list[TokenLogprob], offsets: CompletionOffsets) -> dict[str, Any] | None:
+        """The logprobs of new tokens in this route's shape; None when not asked for."""
+        if self.token_text is None:
+            return None
+        if self.chat:
+            return chat_logprobs(entries, self.token_text)
+        return completion_logprobs(list(entries), self.token_text, [], offsets)
 
     def chunk(
         self, index: int, text: str, finish_reason: str | None, first: bool = False,
-        tool_calls: list[dict[str, Any]] | None = None, reasoning: str = "",
+        tool_calls: list[dict[str, Any]] | None = None, reasoning: str = "", logprobs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         if self.chat:
             delta: dict[str, Any] = {"content": text} if text or first else {}
@@ -174,9 +199,9 @@ class ResponseShape:
                 delta["tool_calls"] = tool_calls
             if first:
                 delta = {"role": "assistant", **delta}
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         else:
-            choice = self.choice(index, text, finish_reason)
+            choice = self.choice(index, text, finish_reason, logprobs)
         return {**self.header(streaming=True), "choices": [choice]}
 
 
@@ -192,19 +217,27 @@ async def sse_events(
     extra = {"usage": None} if include_usage else {}
     tool_streams: dict[int, ToolCallStream] = {}
     splitters: dict[int, ReasoningSplitter] = {}
+    offsets: dict[int, CompletionOffsets] = {}
 
     def event(index: int, out: RequestOutput) -> str | None:
         usage.observe(index, out)
         raise_if_failed(out)
         text, reason, calls, thought = out.new_text, out.finish_reason, None, ""
+        if index not in offsets and shape.echo is not None:  # a choice's first chunk starts with its prompt
+            at = offsets[index] = CompletionOffsets()
+            prompt, logprobs = shape.echoed(index, out.prompt_logprobs, out.new_logprobs or [], at)
+            text = prompt + text
+        else:
+            logprobs = shape.logprobs(out.new_logprobs or [], offsets.setdefault(index, CompletionOffsets()))
         if shape.reasoning is not None and shape.chat:
             splitter = splitters.setdefault(index, ReasoningSplitter(shape.reasoning))
             thought, text = splitter.feed(text, out.finished)
         if shape.tool_format is not None and shape.chat:
             text, calls, reason = stream_delta(tool_streams, shape.tool_format, index, text, reason)
-        if not (text or calls or thought or out.finished):
+        if not (text or calls or thought or out.finished or (logprobs and out.new_token_ids)):
             return None
-        return sse({**shape.chunk(index, text, reason, tool_calls=calls, reasoning=thought), **extra})
+        chunk = shape.chunk(index, text, reason, tool_calls=calls, reasoning=thought, logprobs=logprobs)
+        return sse({**chunk, **extra})
 
     try:
         if shape.chat:

@@ -63,7 +63,10 @@ def test_streamed_events(server: ServerThread, model_name: str) -> None:
     ({"input": "hi", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
     ({"input": "hi", "reasoning": {"budget": 5}}, "reasoning.budget"),
     ({"input": "hi", "text": {"verbosity": "loud"}}, "text.verbosity"),
-    ({"input": "hi", "include": ["reasoning.encrypted_content", "message.output_text.logprobs"]}, "include"),
+    ({"input": "hi", "include": ["reasoning.encrypted_content", "code_interpreter_call.outputs"]}, "include"),
+    ({"input": "hi", "include": ["message.output_text.logprobs"], "tools": [
+        {"type": "function", "name": "f", "parameters": {"type": "object"}}]}, "include"),
+    ({"input": "hi", "top_logprobs": 21}, "top_logprobs"),
     ({"input": "hi", "service_tier": "gold"}, "service_tier"),
     ({"input": "hi", "background": True}, "background"),
     ({"input": "hi", "include": ["file_search_call.results"]}, "include"),
@@ -258,3 +261,27 @@ def test_input_items_become_the_chat_messages_of_each_reply() -> None:
         {"role": "assistant", "content": "", "reasoning_content": "a"},  # reasoning with no reply after it
         {"role": "user", "content": "next"},
     ]
+
+
+def test_output_text_logprobs_equal_the_chat_routes(server: ServerThread, model_name: str) -> None:
+    """include message.output_text.logprobs: the message's tokens, as chat's logprobs give them, whole and
+    streamed (each delta carries its tokens')."""
+    client = openai_client(server)
+    # sampled with a seed: the random model's greedy reply here is blank lines, which open no streamed message
+    kw: dict[str, Any] = dict(model=model_name, input="Say something about the sea.", max_output_tokens=6,
+                              temperature=1, include=["message.output_text.logprobs"], top_logprobs=2,
+                              extra_body={"seed": 7})
+    chat = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "Say something about the sea."}],
+                                          max_tokens=6, temperature=1, seed=7, logprobs=True, top_logprobs=2
+                                          ).choices[0].logprobs.content
+    whole = client.responses.create(**kw).output[0].content[0].logprobs
+    want = [(c.token, round(c.logprob, 5), [(t.token, round(t.logprob, 5)) for t in c.top_logprobs]) for c in chat]
+    assert [(c.token, round(c.logprob, 5), [(t.token, round(t.logprob, 5)) for t in c.top_logprobs]) for c in whole] \
+        == want and len(want) >= 2
+    events = list(client.responses.create(stream=True, **kw))
+    deltas = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    done = next(e for e in events if e.type == "response.output_text.done").logprobs
+    assert [(c.token, round(c.logprob, 5)) for c in done] == [w[:2] for w in want]
+    assert [(c.token, round(c.logprob, 5)) for c in deltas] == [w[:2] for w in want][: len(deltas)]
+    no = client.responses.create(model=model_name, input="hi", max_output_tokens=2)
+    assert no.output[0].content[0].logprobs == []

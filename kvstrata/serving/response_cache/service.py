@@ -2,8 +2,9 @@
 
 `ResponseCacheService.lookup` answers every /v1/completions and /v1/chat/completions request
 with a `Ticket`:
-- bypass: the cache is off (`--response-cache-size 0`), or the request opted out with
-  `"cache": false` in its body or `Cache-Control: no-cache` (or no-store); nothing read or stored;
+- bypass: the cache is off (`--response-cache-size 0`), the request asks for logprobs or echo (a stored
+  result keeps text only), or it opted out with `"cache": false` in its body or `Cache-Control: no-cache`
+  (or no-store); nothing read or stored;
 - hit: the key's list is full; `ticket.value` is replayed (replay.py);
 - miss: this request leads one generation of the key (single flight: identical misses beyond
   what the key still needs wait for a running generation, then look again). The route passes
@@ -105,6 +106,12 @@ class Ticket:
 BYPASS = Ticket("bypass")
 
 
+def _scored(req: BaseModel) -> bool:
+    """Logprobs and echo are answered by the engine every time: a stored result keeps the text only."""
+    return bool(getattr(req, "logprobs", None) is not None and getattr(req, "logprobs", None) is not False
+                or getattr(req, "echo", False))
+
+
 class ResponseCacheService:
     def __init__(
         self, cfg: ServerConfig, metrics: Metrics | None = None, tenants: Iterable[str | None] = (None,)
@@ -137,7 +144,7 @@ class ResponseCacheService:
             metrics.response_cache_entries.set_function(lambda: len(self._cache) if self._cache is not None else 0)
 
     async def lookup(self, route: str, req: BaseModel, request: Request, engine: AsyncEngine) -> Ticket:
-        if not self.enabled or await _opted_out(request):
+        if not self.enabled or _scored(req) or await _opted_out(request):
             return BYPASS
         check_model(getattr(req, "model", None), engine)  # a hit must refuse what a miss refuses
         cache = self._bound(engine)

@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvstrata.serving.logprob_shapes import TokenText
 from kvstrata.serving.responses.reasoning_items import reasoning_item
 from kvstrata.serving.responses.tools import ToolSet, chat_name
 from kvstrata.serving.tool_calls.formats import ToolCallFormat
@@ -28,8 +29,11 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
-    parts = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+def message_item(item_id: str, text: str, status: str = "completed",
+                 logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`logprobs`: the text's tokens' (serving/logprob_shapes.py's chat entries), when asked for."""
+    parts = [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}] \
+        if status == "completed" else []
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": parts}
 
 
@@ -50,6 +54,7 @@ class OutputPlan:
     reasoning: str | None  # the reasoning parser (serving/reasoning.py); None: no reasoning item
     tools: ToolSet  # call names back to (namespace, name)
     encrypted: bool  # reasoning items carry encrypted_content
+    token_text: TokenText | None = None  # the message's text carries logprobs: a token's text
 
 
 def split_reply(fmt: ToolCallFormat | None, text: str) -> tuple[str, list[tuple[str, str]], bool]:
@@ -64,9 +69,9 @@ def split_reply(fmt: ToolCallFormat | None, text: str) -> tuple[str, list[tuple[
 
 
 def output_items(plan: OutputPlan, reasoning: str | None, content: str,
-                 calls: list[tuple[str, str]]) -> list[dict[str, Any]]:
+                 calls: list[tuple[str, str]], logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     items = [reasoning_item(new_id("rs"), reasoning, plan.encrypted)] if reasoning is not None else []
-    items += [message_item(new_id("msg"), content)] if content or not (calls or items) else []
+    items += [message_item(new_id("msg"), content, logprobs=logprobs)] if content or not (calls or items) else []
     return items + [call_item(new_id("fc"), new_id("call"), plan.tools.output_name(name), args) for name, args in calls]
 
 

@@ -6,8 +6,9 @@ tool_choice, parallel_tool_calls, max_output_tokens, temperature, top_p, text.fo
 json_object / json_schema), stream, store, previous_response_id, metadata, user, truncation
 ('disabled'), and the cache fields (prompt_cache_key, prompt_cache_retention, cache_salt) passed
 through to the chat request. reasoning.effort reaches the chat template as `reasoning_effort`;
-"none" and "minimal" turn thinking off (`enable_thinking: false`). include may hold only
-"reasoning.encrypted_content" (reasoning_items.py).
+"none" and "minimal" turn thinking off (`enable_thinking: false`). include may hold
+"reasoning.encrypted_content" (reasoning_items.py) and "message.output_text.logprobs" (with `top_logprobs`,
+0-20: the message's tokens' logprobs, route.py; not with tools, whose calls' tokens would mix in).
 
 Accepted and ignored, for what a local model cannot honour (Codex sends them): reasoning.summary
 (no summariser runs: `summary` stays []), reasoning.context, text.verbosity, service_tier,
@@ -25,6 +26,8 @@ from kvstrata.serving.errors import QUOTE_CHARS, quote
 from kvstrata.serving.responses.reasoning_items import ENCRYPTED_CONTENT, input_reasoning
 from kvstrata.serving.responses.tools import chat_name, chat_tool_choice, request_tools
 
+OUTPUT_LOGPROBS = "message.output_text.logprobs"
+INCLUDABLE = (ENCRYPTED_CONTENT, OUTPUT_LOGPROBS)
 PASSED_THROUGH = ("prompt_cache_key", "prompt_cache_retention", "cache_salt", "seed", "top_k", "stop")
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 THINKING_OFF = ("none", "minimal")
@@ -55,6 +58,7 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, str] | None = None
     user: str | None = None
     include: list[str] | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     truncation: str | None = None
     reasoning: dict[str, Any] | None = None
     service_tier: str | None = None  # ignored: one tier here
@@ -66,9 +70,12 @@ class ResponsesRequest(BaseModel):
                 raise InvalidRequestError(f"{quote(name)} is not supported by /v1/responses here; omit it",
                                           name[:QUOTE_CHARS], "unsupported")
         for value in self.include or []:
-            if value != ENCRYPTED_CONTENT:
-                raise InvalidRequestError(f"include {quote(value)} is not supported; only {ENCRYPTED_CONTENT!r}",
+            if value not in INCLUDABLE:
+                raise InvalidRequestError(f"include {quote(value)} is not supported; only {list(INCLUDABLE)}",
                                           "include", "unsupported")
+        if self.logprobs and self.tools:
+            raise InvalidRequestError(f"include {OUTPUT_LOGPROBS!r} is not supported with tools here; omit one",
+                                      "include", "unsupported")
         if self.truncation not in (None, "disabled"):
             raise InvalidRequestError("truncation may only be 'disabled'", "truncation", "unsupported")
         if self.service_tier not in (None, *SERVICE_TIERS):
@@ -85,6 +92,11 @@ class ResponsesRequest(BaseModel):
     @property
     def effort(self) -> str | None:
         return (self.reasoning or {}).get("effort")
+
+    @property
+    def logprobs(self) -> bool:
+        """Whether the message's text carries its tokens' logprobs (include: message.output_text.logprobs)."""
+        return OUTPUT_LOGPROBS in (self.include or [])
 
     @property
     def encrypted_reasoning(self) -> bool:
@@ -199,6 +211,7 @@ def chat_body(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[dic
         "max_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
         "response_format": chat_response_format(req.text), "user": req.user, "reasoning_effort": req.effort,
         "chat_template_kwargs": {"enable_thinking": False} if req.effort in THINKING_OFF else None,
+        "logprobs": True if req.logprobs else None, "top_logprobs": (req.top_logprobs or 0) if req.logprobs else None,
         **{k: v for k, v in (req.model_extra or {}).items() if k in PASSED_THROUGH and v is not None},
     }
     if not body["tools"]:

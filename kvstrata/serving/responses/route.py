@@ -14,6 +14,7 @@ leaves is aborted (disconnect.py), as on the chat routes."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -22,10 +23,12 @@ from pydantic import ValidationError
 
 from kvstrata.engine.outputs import RequestOutput
 from kvstrata.engine.sampling_params import InvalidRequestError
+from kvstrata.model.logprobs import TokenLogprob
 from kvstrata.serving.auth import request_tenant, scoped_to_tenant
 from kvstrata.serving.deadline import with_deadline
 from kvstrata.serving.disconnect import CLIENT_CLOSED_REQUEST, ClientDisconnected, until_disconnect
 from kvstrata.serving.errors import quote, validation_error_to_api_error
+from kvstrata.serving.logprob_shapes import chat_logprobs
 from kvstrata.serving.prepare import prepare_chat
 from kvstrata.serving.protocol import ChatCompletionRequest
 from kvstrata.serving.reasoning import ReasoningSplitter, split_reasoning
@@ -49,11 +52,13 @@ RESPONSE_ID_HEADER = "x-kvstrata-response-id"
 
 async def _collect(
     outputs: AsyncIterator[tuple[int, RequestOutput]], usage: UsageTracker, reasoning: str | None,
-) -> tuple[str, str | None, int]:
-    """(text, finish reason, reasoning tokens: counted as stream.py counts them) of the one choice."""
+) -> tuple[str, str | None, int, list[TokenLogprob]]:
+    """(text, finish reason, reasoning tokens: counted as stream.py counts them, the logprobs of the message's
+    tokens: each output's that is not reasoning, as stream.py attributes them) of the one choice."""
     texts: list[str] = []
     reason: str | None = None
     spent = 0
+    scored: list[TokenLogprob] = []
     splitter = ReasoningSplitter(reasoning) if reasoning is not None else None
     try:
         async for index, out in outputs:
@@ -63,9 +68,11 @@ async def _collect(
             reason = out.finish_reason if out.finished else reason
             if splitter is not None and (splitter.feed(out.new_text, out.finished)[0] or splitter.thinking):
                 spent += len(out.new_token_ids)
+            else:
+                scored.extend(out.new_logprobs or ())
     finally:
         await outputs.aclose()  # type: ignore[attr-defined]
-    return "".join(texts), reason, spent
+    return "".join(texts), reason, spent, scored
 
 
 def install_responses_route(app: FastAPI, state: ServerState, store: ResponseStore | None = None) -> ResponseStore:
@@ -95,7 +102,8 @@ def install_responses_route(app: FastAPI, state: ServerState, store: ResponseSto
         except InvalidRequestError as exc:  # a bad tool named where the client wrote it
             raise tools.client_error(exc) from None
         prepared = scoped_to_tenant(prepared, tenant)
-        plan = OutputPlan(prepared.tool_format, prepared.reasoning, tools, req.encrypted_reasoning)
+        token_text = functools.lru_cache(maxsize=None)(engine.tokenizer.token_text) if req.logprobs else None
+        plan = OutputPlan(prepared.tool_format, prepared.reasoning, tools, req.encrypted_reasoning, token_text)
         response_id = new_id("resp")
         header = ResponseHeader(response_id, engine.served_model_name, req.model_dump(exclude_none=True))
         jobs = fan_out(response_id, prepared)
@@ -112,12 +120,13 @@ def install_responses_route(app: FastAPI, state: ServerState, store: ResponseSto
             return StreamingResponse(events, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", **headers})
         try:
-            text, reason, spent = await until_disconnect(request, _collect(outputs, usage, prepared.reasoning))
+            text, reason, spent, scored = await until_disconnect(request, _collect(outputs, usage, prepared.reasoning))
         except ClientDisconnected:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         reasoning, text = split_reasoning(prepared.reasoning, text)
         content, calls, complete = split_reply(prepared.tool_format, text)
-        items = output_items(plan, reasoning, content, calls)
+        logprobs = chat_logprobs(scored, token_text)["content"] if token_text is not None else None
+        items = output_items(plan, reasoning, content, calls, logprobs)
         keep(items)
         reason = finish_reason(complete, reason)
         return JSONResponse(header.body("completed", items, responses_usage(usage.body(), spent), reason),

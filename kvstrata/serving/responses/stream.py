@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any, AsyncIterator, Callable
 
 from kvstrata.engine.outputs import RequestOutput
+from kvstrata.model.logprobs import TokenLogprob
 from kvstrata.serving.errors import api_error_from
+from kvstrata.serving.logprob_shapes import chat_logprobs
 from kvstrata.serving.reasoning import ReasoningSplitter
 from kvstrata.serving.responses.output import (
     OutputPlan, ResponseHeader, call_item, message_item, new_id, responses_usage,
@@ -55,9 +57,9 @@ def _close(ev: _Events, entry: dict[str, Any], plan: OutputPlan) -> list[str]:
         out.append(ev("response.reasoning_text.done", item_id=item["id"], output_index=at, content_index=0,
                       text=entry["text"]))
     elif item["type"] == "message":
-        done = message_item(item["id"], entry["text"])
+        done = message_item(item["id"], entry["text"], logprobs=entry.get("logprobs"))
         out.append(ev("response.output_text.done", item_id=item["id"], output_index=at, content_index=0,
-                      text=entry["text"], logprobs=[]))
+                      text=entry["text"], logprobs=entry.get("logprobs", [])))
         out.append(ev("response.content_part.done", item_id=item["id"], output_index=at, content_index=0,
                       part=done["content"][0]))
     else:
@@ -86,12 +88,15 @@ async def _events(
     yield ev("response.created", response=header.body("in_progress", [], None))
     yield ev("response.in_progress", response=header.body("in_progress", [], None))
     reason, reasoning_tokens = None, 0
+    pending: list[TokenLogprob] = []
     async for index, out in outputs:
         usage.observe(index, out)
         raise_if_failed(out)
         thinking, text = splitter.feed(out.new_text, out.finished) if splitter is not None else ("", out.new_text)
         if thinking or (splitter is not None and splitter.thinking):
             reasoning_tokens += len(out.new_token_ids)
+        else:  # the message's tokens: their logprobs go with the next text delta (a token may hold no text yet)
+            pending.extend(out.new_logprobs or ())
         if thinking:
             if thought is None:
                 thought = start(reasoning_item(new_id("rs"), "", plan.encrypted, "in_progress"))
@@ -111,8 +116,11 @@ async def _events(
                 yield ev("response.content_part.added", item_id=message["item"]["id"], output_index=message["at"],
                          content_index=0, part={"type": "output_text", "text": "", "annotations": []})
             message["text"] += text
+            scored = chat_logprobs(pending, plan.token_text)["content"] if plan.token_text else []
+            message.setdefault("logprobs", []).extend(scored)
+            pending.clear()
             yield ev("response.output_text.delta", item_id=message["item"]["id"], output_index=message["at"],
-                     content_index=0, delta=text, logprobs=[])
+                     content_index=0, delta=text, logprobs=scored)
         for d in deltas:
             if "id" in d:
                 name = plan.tools.output_name(d["function"]["name"])
@@ -126,6 +134,8 @@ async def _events(
                      delta=d["function"]["arguments"])
         if out.finished:
             reason = tools.finish_reason(out.finish_reason) if tools is not None else out.finish_reason
+    if message is not None and pending and plan.token_text is not None:  # tokens after the last text (the EOS)
+        message.setdefault("logprobs", []).extend(chat_logprobs(pending, plan.token_text)["content"])
     for entry in entries:
         if "done" not in entry:
             for event in _close(ev, entry, plan):
