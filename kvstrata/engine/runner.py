@@ -152,8 +152,9 @@ class ModelRunner:
         drafts = [batch.draft(i) for i in sampling]
         offsets = list(itertools.accumulate((len(d) + 1 for d in drafts), initial=0))
         scored = [j for j, r in enumerate(reqs) if r.params.logprobs is not None]
-        raw = logits.index_select(0, torch.tensor([offsets[j] + d for j in scored for d in range(len(drafts[j]) + 1)],
-                                                  dtype=torch.long, device=logits.device)) if scored else None
+        # logprobs read the logits as the model gave them: a copy only when a mask or penalty will change them
+        changed = any(reqs[j].matcher is not None or reqs[j].params.penalized for j in scored)
+        raw = (logits.clone() if changed else logits) if scored else None
         if self.grammar is not None:  # constrained requests: forbidden tokens to -inf on their rows
             logits = self.grammar.mask_logits(logits, [r.matcher for r in reqs], drafts if batch.drafts else None)
         apply_penalties(logits, self._penalty_rows(reqs, drafts, offsets, logits))
@@ -165,7 +166,7 @@ class ModelRunner:
                        for j, (draft, spec) in enumerate(zip(drafts, specs))]
         if raw is not None:
             result.logprobs = self._output_logprobs(raw, [sampling[j] for j in scored], [reqs[j] for j in scored],
-                                                    [drafts[j] for j in scored], [emitted[j] for j in scored])
+                                                    [offsets[j] for j in scored], [emitted[j] for j in scored])
         it = iter(emitted)
         result.tokens = [next(it) if batch.samples(i) else None for i in range(len(batch))]
         return result
@@ -186,18 +187,19 @@ class ModelRunner:
         return out
 
     @staticmethod
-    def _output_logprobs(raw: torch.Tensor, where: list[int], reqs: list[Request], drafts: list[list[int]],
+    def _output_logprobs(raw: torch.Tensor, where: list[int], reqs: list[Request], offsets: list[int],
                          emitted: list[list[int]]) -> dict[int, list[TokenLogprob]]:
-        """Logprobs of each scored request's emitted tokens, from `raw` (its rows' logits before any change:
-        all k + 1 rows of a verify step, of which the first len(emitted) emitted a token)."""
-        sel, toks, top, row = [], [], [], 0
-        for r, draft, em in zip(reqs, drafts, emitted):
-            sel.extend(range(row, row + len(em)))
+        """Logprobs of each scored request's emitted tokens, from `raw` (the step's logits before any change).
+        A request's rows start at its offset; a verify step's first len(emitted) rows emitted a token, and
+        only those are scored."""
+        sel, toks, top = [], [], []
+        for r, at, em in zip(reqs, offsets, emitted):
+            sel.extend(range(at, at + len(em)))
             toks.extend(em)
             top.extend([r.params.logprobs] * len(em))
-            row += len(draft) + 1
-        entries = token_logprobs(raw.index_select(0, torch.tensor(sel, dtype=torch.long, device=raw.device)),
-                                 toks, top)
+        rows = raw if sel == list(range(raw.shape[0])) else raw.index_select(
+            0, torch.tensor(sel, dtype=torch.long, device=raw.device))
+        entries = token_logprobs(rows, toks, top)
         out, at = {}, 0
         for i, em in zip(where, emitted):
             out[i], at = entries[at : at + len(em)], at + len(em)
