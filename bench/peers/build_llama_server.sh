@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Build llama.cpp's `llama-server` (and `llama-quantize`, for `kvstrata bench synth-model`) from the tree
-# vendored in the llama-cpp-python sdist (docs/peers.md) into .peers/llama.cpp/bin/ (about 8 minutes on 2
-# cores). Idempotent.
+# Build llama.cpp's `llama-server` (with `llama-quantize`, for `kvstrata bench synth-model`, and
+# `llama-perplexity`, for `kvstrata bench perplexity`) from the tree vendored in the llama-cpp-python sdist
+# (docs/peers.md) into .peers/llama.cpp/bin/ (about 8 minutes on 2 cores). Idempotent: a build missing one
+# of the three gets it built.
 # Usage: bench/peers/build_llama_server.sh [PIP]   (PIP: a pip to download the sdist with)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,8 +28,9 @@ elif grep -qw amx_tile /proc/cpuinfo; then
   echo "cpuid lists AMX: building without llama.cpp's AMX kernels: $FLAGS"
 fi
 # a binary built with other flags (another CPU) is rebuilt
-[ -x "$OUT/bin/llama-server" ] && [ -x "$OUT/bin/llama-quantize" ] && [ "$(cat "$OUT/cmake-flags" 2>/dev/null)" = "$FLAGS" ] && \
-  { echo "$OUT/bin/llama-server and llama-quantize exist"; exit 0; }
+TARGETS="llama-server llama-quantize llama-perplexity"
+built() { for t in $TARGETS; do [ -x "$OUT/bin/$t" ] || return 1; done; }
+built && [ "$(cat "$OUT/cmake-flags" 2>/dev/null)" = "$FLAGS" ] && { echo "$OUT/bin/ holds $TARGETS"; exit 0; }
 PIP=${1:-.venv/bin/pip}
 SRC=.peers/src
 mkdir -p "$SRC" "$OUT/bin"
@@ -40,7 +42,8 @@ TREE=$(ls -d "$SRC"/llama_cpp_python-*/vendor/llama.cpp | tail -1)
 cmake -S "$TREE" -B "$SRC/$BUILD" -DCMAKE_BUILD_TYPE=Release $FLAGS -DBUILD_SHARED_LIBS=OFF \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-cmake --build "$SRC/$BUILD" --target llama-server llama-quantize -j "${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
-cp "$SRC/$BUILD/bin/llama-server" "$SRC/$BUILD/bin/llama-quantize" "$OUT/bin/"
+# shellcheck disable=SC2086  # TARGETS is a list of words
+cmake --build "$SRC/$BUILD" --target $TARGETS -j "${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
+for t in $TARGETS; do cp "$SRC/$BUILD/bin/$t" "$OUT/bin/"; done
 echo "$FLAGS" > "$OUT/cmake-flags"
-echo "built $OUT/bin/llama-server"
+echo "built $TARGETS into $OUT/bin/"

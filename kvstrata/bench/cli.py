@@ -19,6 +19,7 @@ from kvstrata.bench.fleet.command import add_fleet_args
 from kvstrata.bench.kv.radix_bookkeeping import add_radix_bookkeeping_args
 from kvstrata.bench.kv.tiers_ttft import add_tiers_ttft_args
 from kvstrata.bench.multiround.command import add_multiround_args
+from kvstrata.bench.perplexity.command import add_perplexity_args
 from kvstrata.bench.response_cache.locust_compare import add_locust_args
 from kvstrata.bench.response_cache.repeat import add_repeat_args
 from kvstrata.bench.soak import add_soak_args
@@ -78,6 +79,9 @@ BENCH_COMMANDS: tuple[BenchCommand, ...] = (
                  "kvstrata.bench.spec.command:run_spec"),
     BenchCommand("trace", "replay a Mooncake FAST'25 trace (hash-id blocks as token ids) live, or --simulate "
                  "the L1/L2/L3 cache over it at given capacities", add_trace_args, "kvstrata.bench.trace.command:run_trace"),
+    BenchCommand("perplexity", "a text's perplexity on any OpenAI-compatible server (echo + logprobs), windows scored "
+                 "as llama.cpp's llama-perplexity scores them; --llama-perplexity runs that tool beside it",
+                 add_perplexity_args, "kvstrata.bench.perplexity.command:run_perplexity"),
 )
 
 

@@ -1,4 +1,5 @@
-"""Bench fixtures: the real SmolLM2 tokenizer and the OpenAI-style test-double peer."""
+"""Bench fixtures: the real SmolLM2 tokenizer, the OpenAI-style test-double peer, and a real kvstrata server on
+the tiny random-weight model."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,6 +8,12 @@ from typing import Any, Iterator
 import pytest
 
 from _fake_openai_peer import FakePeer, serve_fake_peer
+from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig, ServerConfig
+from kvstrata.engine.async_engine import AsyncEngine
+from kvstrata.serving.server import ServerThread
+from kvstrata.serving.state import ServerState
+
+TINY_SERVER_MAX_MODEL_LEN = 1024
 
 
 @pytest.fixture(scope="session")
@@ -26,3 +33,19 @@ def tokenizer(tokenizer_path: str) -> Any:
     from kvstrata.bench.report import load_tokenizer
 
     return load_tokenizer(tokenizer_path)
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_model_dir: Path) -> Iterator[ServerThread]:
+    """A real kvstrata server (uvicorn on a free port) on the tiny model: float32, context 1024, pages of 16."""
+    model = ModelConfig(model=str(tiny_model_dir), dtype="float32", max_model_len=TINY_SERVER_MAX_MODEL_LEN)
+    cache = CacheConfig(max_total_tokens=4096, page_size=16)
+    engine = AsyncEngine.from_config(model, cache, SchedulerConfig())
+    state = ServerState(model, cache, SchedulerConfig(), ServerConfig(port=0))
+    state.publish(engine)
+    srv = ServerThread(state).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        engine.shutdown()

@@ -16,7 +16,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-REQUIRED_ARGS = {"trace": ["trace.jsonl"], "agents": ["--model-file", "m.gguf"]}  # commands with a required argument
+REQUIRED_ARGS = {"trace": ["trace.jsonl"], "agents": ["--model-file", "m.gguf"],  # commands with a required argument
+                 "perplexity": ["text.txt"]}
 
 
 @pytest.mark.parametrize("command", BENCH_COMMANDS, ids=lambda c: c.name)

@@ -21,11 +21,12 @@ def _prompts(seed: int, count: int, length: int, vocab: int) -> list[list[int]]:
     return [[rng.randrange(100, vocab - 100) for _ in range(length)] for _ in range(count)]
 
 
-def _timed_decode(llm: Any, prompts: list[list[int]], new_tokens: int) -> float:
+def _timed_decode(llm: Any, prompts: list[list[int]], new_tokens: int, logprobs: int | None = None) -> float:
     """Aggregate decode tokens/s: tokens after each request's first, over the time after the
-    last request's first token."""
+    last request's first token. `logprobs`: every request asks for its tokens' logprobs and this many
+    alternatives."""
     eng = llm.engine
-    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True, logprobs=logprobs)
     ids = [f"tp-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
     for rid, p in zip(ids, prompts):
         eng.add_request(rid, p, params)
@@ -52,11 +53,16 @@ def bench_kvstrata(args: argparse.Namespace, long_prompt: list[int], short: list
     t = time.perf_counter()
     llm.generate([long_prompt], SamplingParams(max_tokens=1, temperature=0.0))
     prefill = len(long_prompt) / (time.perf_counter() - t)
-    return {
+    out = {
         "prefill_tps": prefill,
         "decode_tps_b1": _timed_decode(llm, short[:1], args.decode_tokens),
         "decode_tps_b8": _timed_decode(llm, short[:8], args.decode_tokens),
     }
+    if args.logprobs is not None:  # between two plain b8 runs (the first b8 run above also warms that shape)
+        out["decode_tps_b8_plain_before"] = _timed_decode(llm, short[:8], args.decode_tokens)
+        out["decode_tps_b8_logprobs"] = _timed_decode(llm, short[:8], args.decode_tokens, args.logprobs)
+        out["decode_tps_b8_plain_after"] = _timed_decode(llm, short[:8], args.decode_tokens)
+    return out
 
 
 def bench_transformers(args: argparse.Namespace, long_prompt: list[int], short: list[list[int]]) -> dict[str, float]:
@@ -120,6 +126,12 @@ def run_throughput(args: argparse.Namespace) -> int:
     if "kvstrata" in results and "transformers" in results:
         k, t = results["kvstrata"], results["transformers"]
         print(f"{'ratio':<14}" + "".join(f"{k[c] / t[c]:>15.2f}x" for c in cols))
+    lp = results.get("kvstrata", {}).get("decode_tps_b8_logprobs")
+    if lp is not None:
+        k = results["kvstrata"]
+        before, after = k["decode_tps_b8_plain_before"], k["decode_tps_b8_plain_after"]
+        print(f"kvstrata b8 decode with logprobs={args.logprobs} on every request: {lp:.1f} tokens/s between plain "
+              f"runs of {before:.1f} and {after:.1f}: {2 * lp / (before + after):.3f}x their mean")
     if args.output:
         out = {"args": vars(args) | {"func": None}, "dtype": plan.dtype, "machine": machine_info(), "results": results}
         Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
@@ -138,4 +150,6 @@ def add_throughput_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--q4-decode", default="auto", choices=["auto", "on", "off"],
                    help="kvstrata's --q4-decode (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--logprobs", type=int, default=None, choices=range(0, 21), metavar="N",
+                   help="also kvstrata's b8 decode with logprobs=N on every request (0-20)")
     p.add_argument("--output", default=None)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -13,12 +12,9 @@ from kvstrata.bench.cli import add_bench_parser, run_bench
 from kvstrata.bench.compare.workloads import COMPARE_WORKLOADS
 from kvstrata.bench.trace.format import load_trace
 from kvstrata.bench.trace.tokens import BlockTokens
-from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig, ServerConfig
-from kvstrata.engine.async_engine import AsyncEngine
 from kvstrata.serving.server import ServerThread
-from kvstrata.serving.state import ServerState
 
-PS = 16
+PS = 16  # the page size of the tiny_server fixture (tests/bench/conftest.py)
 TRACE = [  # (timestamp ms, input_length, hash_ids): two conversations and a repeat
     (0, 1500, [1, 2, 3]),
     (2000, 2500, [1, 2, 3, 4, 5]),
@@ -33,21 +29,6 @@ def write_trace(path: Path) -> Path:
     path.write_text("".join(json.dumps({"timestamp": t, "input_length": n, "output_length": 5, "hash_ids": ids}) + "\n"
                             for t, n, ids in TRACE))
     return path
-
-
-@pytest.fixture(scope="module")
-def tiny_server(tiny_model_dir: Path) -> Iterator[ServerThread]:
-    model = ModelConfig(model=str(tiny_model_dir), dtype="float32", max_model_len=1024)
-    cache = CacheConfig(max_total_tokens=4096, page_size=PS)
-    engine = AsyncEngine.from_config(model, cache, SchedulerConfig())
-    state = ServerState(model, cache, SchedulerConfig(), ServerConfig(port=0))
-    state.publish(engine)
-    srv = ServerThread(state).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-        engine.shutdown()
 
 
 def bench(argv: list[str]) -> int:
