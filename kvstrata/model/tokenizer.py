@@ -76,7 +76,10 @@ class Tokenizer:
         return None if token is None else self.backend.token_to_id(token)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        """The text's ids. Through `encode_batch`, which releases the GIL while it works (`encode` holds it for
+        the whole call): the server tokenizes in worker threads, and a long prompt must not stop the event
+        loop that carries every stream meanwhile."""
+        return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -173,3 +174,19 @@ def test_missing_tokenizer_files(tmp_path: Path) -> None:
         Tokenizer.from_path(tmp_path)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         Tokenizer.from_path(tmp_path / "missing.gguf")
+
+
+def test_encoding_a_long_text_lets_other_threads_run(tok: Tokenizer) -> None:
+    """The server encodes in worker threads: a long prompt must leave the event loop's thread free (the
+    tokenizer's single-text `encode` holds the GIL for the whole call; ours releases it)."""
+    text = "the quick brown fox jumps over the lazy dog. " * 12000  # ~0.5 MB: a few hundred ms of encoding
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (tok.encode(text), done.set()))
+    ticks = 0
+    worker.start()
+    while not done.is_set():
+        time.sleep(0.001)
+        ticks += 1
+    worker.join()
+    assert ticks > 20  # with the GIL held throughout, the loop above gets one turn
+    assert tok.encode(text[:200]) == tok.backend.encode(text[:200]).ids
