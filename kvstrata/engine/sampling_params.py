@@ -21,6 +21,7 @@ MAX_STOP_TOKEN_IDS = 64  # each one is compared with every generated token
 MAX_SEED = 2**63 - 1  # what a torch.Generator takes
 MAX_LOGPROBS = 20  # top logprobs per token (OpenAI's chat limit; completions allow 5, checked by the route)
 MAX_LOGIT_BIAS = 300  # token ids one request may bias (OpenAI's limit)
+MAX_PRIORITY = 2**31 - 1
 
 
 class InvalidRequestError(ValueError):
@@ -56,6 +57,7 @@ class SamplingParams:
     min_p: float = 0.0  # drop tokens below min_p x the top token's probability (after temperature)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), ids ascending
     logprobs: int | None = None  # each generated token's logprob and this many top alternatives; None: none
+    priority: int = 0  # vLLM's: lower is served first (admission, prefill order); the higher is preempted first
     prompt_logprobs: int | None = None  # the same for each prompt token (completions' echo); None: none
 
     def __post_init__(self) -> None:
@@ -95,6 +97,9 @@ class SamplingParams:
         if self.top_k < -1:
             raise InvalidRequestError(f"top_k must be -1, 0 (off) or positive, got {self.top_k}", "top_k")
         self._validate_penalties(vocab_size)
+        if not (isinstance(self.priority, int) and -MAX_PRIORITY <= self.priority <= MAX_PRIORITY):
+            raise InvalidRequestError(f"priority must be an integer in [-{MAX_PRIORITY}, {MAX_PRIORITY}], "
+                                      f"got {self.priority!r}", "priority")
         if not (1 <= self.n <= max_n):
             raise InvalidRequestError(f"n must be between 1 and {max_n}, got {self.n}", "n")
         if self.retention not in RETENTION_CLASSES:

@@ -59,7 +59,20 @@ class Scheduler:
         return len(self.waiting) < self.cfg.max_queue_requests
 
     def add(self, req: Request) -> None:
-        self.waiting.append(req)
+        """Queue behind every waiting request of the same or a higher priority (lower value): FCFS within a
+        priority."""
+        self._queue(req, (req.params.priority, 1, req.stats.arrival))
+
+    def _queue(self, req: Request, key: tuple[int, int, float]) -> None:
+        at = len(self.waiting)
+        while at > 0 and self._waiting_key(self.waiting[at - 1]) > key:
+            at -= 1
+        self.waiting.insert(at, req)
+
+    @staticmethod
+    def _waiting_key(req: Request) -> tuple[int, int, float]:
+        """(priority, 0 for a preempted request: it goes back ahead of its priority's new ones, arrival)."""
+        return (req.params.priority, 0 if req.admitted_once else 1, req.stats.arrival)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -79,15 +92,21 @@ class Scheduler:
         return req.num_uncomputed > 1 and n == req.num_uncomputed  # a prefill that reaches its first token
 
     @staticmethod
-    def _order(req: Request) -> tuple[int, float]:
-        """Decode rows (one token left to compute) first, then prefills oldest-arrival first."""
-        return (0, 0.0) if req.num_uncomputed == 1 else (1, req.stats.arrival)
+    def _order(req: Request) -> tuple[int, int, float]:
+        """Decode rows (one token left to compute) first, then prefills by priority, oldest-arrival first."""
+        return (0, 0, 0.0) if req.num_uncomputed == 1 else (1, req.params.priority, req.stats.arrival)
 
     def _preempt(self, req: Request) -> None:
         self.kv.release(req)
         req.status = RequestStatus.WAITING
-        self.waiting.appendleft(req)
+        self._queue(req, self._waiting_key(req))
         self.num_preemptions += 1
+
+    def _victim(self) -> Request:
+        """The running request to preempt when pages run short: the lowest priority (highest value), the most
+        recently admitted of those."""
+        i = max(range(len(self.running)), key=lambda i: (self.running[i].params.priority, i))
+        return self.running.pop(i)
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
@@ -104,7 +123,7 @@ class Scheduler:
                 closed = True
                 break
             while not self.kv.can_allocate(req, n):
-                victim = self.running.pop()  # the most recently admitted, scheduled this step or not
+                victim = self._victim()  # scheduled this step or not
                 if victim in batch.requests:
                     j = batch.requests.index(victim)
                     del batch.requests[j]

@@ -31,7 +31,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kvstrata.engine.sampling_params import PROMPT_CACHE_KEY_MAX_CHARS, InvalidRequestError, SamplingParams
+from kvstrata.engine.sampling_params import (
+    MAX_PRIORITY,
+    PROMPT_CACHE_KEY_MAX_CHARS,
+    InvalidRequestError,
+    SamplingParams,
+)
 from kvstrata.serving.errors import quote
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
@@ -128,6 +133,7 @@ class _SamplingRequest(BaseModel):
     prompt_cache_key: str | None = Field(default=None, max_length=PROMPT_CACHE_KEY_MAX_CHARS)
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     data_parallel_rank: int | None = None  # SGLang's; a lone server is rank 0 of 1 (the gateway pins and strips it)
+    priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)  # vLLM's: lower is served first
 
     @field_validator("stop", mode="plain")
     @classmethod
@@ -180,6 +186,7 @@ class _SamplingRequest(BaseModel):
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             min_p=self.min_p or 0.0,
             logit_bias=tuple((int(k), v) for k, v in (self.logit_bias or {}).items()),
+            priority=self.priority,
             logprobs=self.wanted_logprobs,
             prompt_logprobs=self.wanted_prompt_logprobs,
         )

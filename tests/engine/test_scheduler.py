@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvstrata.engine.llm import LLM
+from kvstrata.engine.request import RequestStatus
 from kvstrata.engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
@@ -205,3 +207,47 @@ def test_fcfs_with_a_small_budget_keeps_outputs(tiny_model_dir: Path, reference:
     outs = llm.generate(reference["prompts"], GREEDY)
     assert [o.token_ids for o in outs] == reference["outputs"]
     llm.engine.check_integrity()
+
+
+def test_priority_orders_admission_and_prefill(tiny_model_dir: Path) -> None:
+    """A burst: a large low-priority prompt first, then small ones of a higher priority (lower value): the
+    higher are admitted and prefilled first; within a priority, arrival order (FCFS)."""
+    llm = make(tiny_model_dir, max_num_batched_tokens=64, chunked_prefill_size=64)
+    eng = llm.engine
+    big = prompts(1, 200, 200, seed=5)[0]
+    small = prompts(3, 20, 20, seed=6)
+    eng.add_request("batch-job", big, replace(GREEDY, priority=5))
+    eng.add_request("turn-a", small[0], replace(GREEDY, priority=-1))
+    eng.add_request("plain", small[1], GREEDY)
+    eng.add_request("turn-b", small[2], replace(GREEDY, priority=-1))
+    assert [r.request_id for r in eng.scheduler.waiting] == ["turn-a", "turn-b", "plain", "batch-job"]
+    batch = eng.scheduler.schedule()
+    assert [r.request_id for r in batch.requests] == ["turn-a", "turn-b", "plain"]  # 60 of the step's 64 tokens
+    assert batch.num_tokens == [20, 20, 20]
+    eng.postprocess(batch, eng.runner.run(batch))
+    batch = eng.scheduler.schedule()  # decode rows first, then the big prompt's chunk in what is left
+    assert [r.request_id for r in batch.requests] == ["turn-a", "turn-b", "plain", "batch-job"]
+    assert batch.num_tokens == [1, 1, 1, 61]
+    eng.postprocess(batch, eng.runner.run(batch))
+    while eng.has_unfinished():
+        eng.step()
+    eng.check_integrity()
+
+
+def test_pages_running_short_preempt_the_lowest_priority(tiny_model_dir: Path) -> None:
+    """Preemption takes the lowest priority, even when it was admitted first; at equal priority the most
+    recently admitted (as before priorities)."""
+    llm = make(tiny_model_dir, max_total_tokens=160, page_size=16)
+    eng = llm.engine
+    low, high = prompts(2, 40, 40, seed=8)
+    params = replace(GREEDY, max_tokens=60)
+    eng.add_request("low", low, replace(params, priority=3))
+    eng.step()
+    eng.add_request("high", high, params)
+    preempted: list[str] = []
+    while eng.has_unfinished():
+        running = list(eng.scheduler.running)
+        eng.step()
+        preempted += [r.request_id for r in running if r.status is RequestStatus.WAITING]
+    assert preempted and set(preempted) == {"low"}
+    eng.check_integrity()

@@ -94,6 +94,8 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
         ({"logit_bias": {"5": 101.0}}, "logit_bias"),
         ({"logit_bias": {"4000000": 1.0}}, "logit_bias"),
         ({"seed": 2**64}, "seed"),
+        ({"priority": 2**40}, "priority"),
+        ({"priority": 1.5}, "priority"),
     ],
 )
 def test_bad_values_are_400(client: openai.OpenAI, model_name: str, fields: dict[str, Any], param: str) -> None:
@@ -115,7 +117,7 @@ def test_neutral_values_and_unknown_fields_are_accepted(client: openai.OpenAI, m
     out = client.chat.completions.create(
         model=model_name, messages=USER, max_tokens=1, logprobs=False, presence_penalty=0, frequency_penalty=0,
         response_format={"type": "text"}, user="u1", tool_choice="none",
-        extra_body={"some_future_field": {"x": 1}, "echo": None},
+        extra_body={"some_future_field": {"x": 1}, "echo": None, "priority": -3},
     )
     assert len(out.choices) == 1
 

@@ -32,6 +32,7 @@ COMPLETIONS = "completions"
 # transport, routing and cache hints only: same tokens whatever they say
 IGNORED_FIELDS = frozenset({
     "user", "stream", "stream_options", "timeout", "prompt_cache_key", "prompt_cache_retention", "data_parallel_rank",
+    "priority",
 })
 # values that mean "off": dropped, so sending them equals leaving them out
 _NEUTRAL: dict[str, tuple[Any, ...]] = {

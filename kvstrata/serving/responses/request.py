@@ -28,7 +28,7 @@ from kvstrata.serving.responses.tools import chat_name, chat_tool_choice, reques
 
 OUTPUT_LOGPROBS = "message.output_text.logprobs"
 INCLUDABLE = (ENCRYPTED_CONTENT, OUTPUT_LOGPROBS)
-PASSED_THROUGH = ("prompt_cache_key", "prompt_cache_retention", "cache_salt", "seed", "top_k", "stop")
+PASSED_THROUGH = ("prompt_cache_key", "prompt_cache_retention", "cache_salt", "seed", "top_k", "stop", "priority")
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 THINKING_OFF = ("none", "minimal")
 # field -> its keys we accept, and each key's allowed values (None: any, checked where it is used)

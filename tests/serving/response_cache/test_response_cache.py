@@ -109,7 +109,7 @@ COMPLETION_CHANGES = {
 # the model is None or the served one (others are refused with 404); the namespace names it
 NO_EFFECT = {
     "user": "alice", "stream": True, "stream_options": {"include_usage": True}, "model": "smollm2", "timeout": 5.0,
-    "prompt_cache_key": "session-1", "prompt_cache_retention": "24h", "data_parallel_rank": 0,
+    "prompt_cache_key": "session-1", "prompt_cache_retention": "24h", "data_parallel_rank": 0, "priority": -2,
 }
 
 
