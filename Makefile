@@ -101,8 +101,8 @@ bench-peers: install fetch-model
 
 # `kvstrata bench compare` (kvstrata/bench/compare/command.py): each engine in turn, the same workload and client, then
 # an HTTP throughput probe (cold prefill, decode at batch 1 and 8; --no-throughput skips it); JSON, Markdown
-# table and PNG plots into bench/results/. ARGS: --workload agentic|multiround|repeat|throughput
-# --engines kvstrata,vllm,llamacpp ...
+# table and PNG plots into bench/results/. ARGS: --workload agentic|multiround|repeat|throughput|edit|trace
+# --engines kvstrata,vllm,llamacpp ... (every engine: kvstrata/bench/compare/engines.py)
 .PHONY: bench-compare
 bench-compare: bench-peers
 	$(BIN)/pip install -q -e '.[bench]'

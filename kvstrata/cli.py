@@ -1,4 +1,4 @@
-"""`kvstrata` command line: serve, route, fetch-model, bench."""
+"""`kvstrata` command line: serve, route, fetch-model, dtype-plan, bench, analyze."""
 from __future__ import annotations
 
 import argparse

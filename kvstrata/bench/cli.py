@@ -59,7 +59,8 @@ BENCH_COMMANDS: tuple[BenchCommand, ...] = (
                  add_repeat_args, "kvstrata.bench.response_cache.repeat:run_repeat"),
     BenchCommand("soak", "production-shaped load for N minutes; fails on any error or RSS growth after warm-up",
                  add_soak_args, "kvstrata.bench.soak:run_soak"),
-    BenchCommand("compare", "start each engine in turn (kvstrata, vllm, llamacpp), same workload and client, "
+    BenchCommand("compare", "start each engine in turn (kvstrata, vllm, llamacpp and their variants: --engines), "
+                 "same workload (agentic, multiround, repeat, throughput, edit, trace) and client, "
                  "then a throughput probe; JSON, Markdown table and PNG plots",
                  add_compare_args, "kvstrata.bench.compare.command:run_compare"),
     BenchCommand("tiers-ttft", "TTFT of a 2k-token prompt whose prefix comes from each tier (computed, L1, L2, "

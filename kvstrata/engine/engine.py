@@ -37,9 +37,7 @@ log = logging.getLogger(__name__)
 SPEC_COST_ROWS = 8  # rows of the steps that time what a row costs (spec/cost.py)
 WARMUP_MACS = 1 << 38  # the default warm-up step's linear work (Engine.default_warmup_tokens)
 # ... and its tokens where prefill runs on the integer kernels: they build nothing per shape, so a short step
-# warms them; 1B Q4_K_M file, 1k-token cold prompts (Zen 3): the first three TTFTs 15.4 / 15.2 / 12.8 s after
-# a 16-token warm-up (0.4 s of the start), 15.9 / 17.5 / 17.3 s after 64 (1.2 s), 15.7 / 17.3 / 15.5 s after
-# 282 (4.9 s); an 8B's 64-token step took 7.6 s
+# warms them as well as a long one, in a fraction of the start (docs/production.md)
 WARMUP_INT_TOKENS = 16
 
 

@@ -28,9 +28,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # decode steps of up to this many rows (a batch, or a verify step's rows) stay on the quantized kernels, in
 # every dtype: a request's verify steps then run on the kernels of its one-row steps, so drafts do not change
 # its greedy tokens (the bf16 plan kept 8, so a wider verify step took the dense linears: other numerics than
-# its one-row steps'). bench/verify_rows.py, 1,000-token prompts: float32 on the Zen 3 EPYC,
-# batch 12 / 16 in 67 / 100 ms a step against 124 / 160 on the dense GEMM (docs/speculative-runs.md); bf16 on the
-# Xeon (AVX-512, AMX), batch 12 / 16 / 24 / 32 in 48 / 65 / 109 / 129 ms against 51 / 62 / 125 / 124: no slower
+# its one-row steps'). Up to 32 rows the quantized step is no slower than the dense GEMM in float32 or bf16
+# (bench/verify_rows.py; figures in docs/cpu-kernels.md)
 DECODE_MAX_ROWS = 32
 
 

@@ -49,7 +49,8 @@ _loaded: dict[str, bool] = {}
 
 
 def cflags() -> list[str]:
-    """g++ flags: -march=native, or the x86-64-v3 level under KVSTRATA_CPU_ISA=avx2 (cpu_caps.py)."""
+    """g++ flags: -march=native, or the x86-64-v3 level under KVSTRATA_CPU_ISA=avx2, or plain x86-64 under
+    KVSTRATA_CPU_ISA=portable (cpu_caps.py)."""
     return [*CFLAGS, *MARCH[isa_cap()]]
 
 

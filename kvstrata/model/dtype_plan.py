@@ -1,17 +1,17 @@
 """`--dtype auto`: the dtype of each phase, chosen from what this CPU computes fast.
 
 Prefill is GEMM-bound, so its dtype is whichever GEMM is faster here:
-- x86 with `avx512_bf16` or `amx_bf16`: bfloat16 (native bf16 dot products; ~3x float32 on the
-  reference AVX-512 EPYC);
+- x86 with `avx512_bf16` or `amx_bf16`: bfloat16 (native bf16 dot products; a few times float32's
+  GFLOP/s: docs/cpu-kernels.md);
 - any other x86 (AVX2, plain AVX-512): float32. torch's bf16 GEMM has no native instructions to use
-  there and runs ~10-100x slower than float32 (1.2 vs 124 GFLOP/s measured on an AVX2 EPYC);
+  there and runs many times slower than float32 (docs/cpu-kernels.md);
 - other CPUs (Arm, ...), whose flags say less: a cached micro-benchmark of both (cpu_caps.py),
   bfloat16 when it reaches `BF16_MIN_RATIO` of float32.
 Decode steps of a few rows are bound by weight reads, so both plans run them on the GGUF's 4-bit
 weights (`--q4-decode auto` = on; quant/plan.py).
 CUDA keeps bfloat16 (float16 where the GPU has no bf16). An explicit `--dtype` always wins, and then
 `--q4-decode auto` keeps its meaning (on for bfloat16 only, so float32 stays transformers-exact).
-`kvstrata dtype-plan` prints the decision for this machine (`--peer-dtype`: only
+`kvstrata dtype-plan` prints the decision for the host (`--peer-dtype`: only
 the dtype a peer server should get).
 """
 from __future__ import annotations
@@ -71,7 +71,7 @@ def plan_dtype(
     speeds: Callable[[], GemmSpeeds] | None = None,
     home: Path | None = None,
 ) -> DtypePlan:
-    """The plan for `--dtype requested` on `device`. `cpu` and `speeds` default to this machine's
+    """The plan for `--dtype requested` on `device`. `cpu` and `speeds` default to the host's
     (the benchmark cached under `home`, default $KVSTRATA_HOME)."""
     if requested != "auto":
         return DtypePlan(requested, requested == "bfloat16", "explicit", "dtype_flag")

@@ -130,7 +130,7 @@ PREPACK_ROWS = 2048  # the row count oneDNN's blocked layout is chosen for (any 
 
 def prepack_dense(w: torch.Tensor) -> torch.Tensor:
     """w [N, K] bf16 in oneDNN's blocked layout for Linear: the wide (prefill) steps' GEMMs then skip
-    reordering the weight on every call (3-5% of their time on an AVX-512 EPYC), the same bits."""
+    reordering the weight on every call (a few % of their time: docs/cpu-kernels.md), the same bits."""
     return torch.ops.mkldnn._reorder_linear_weight(w, PREPACK_ROWS)
 
 

@@ -1,8 +1,9 @@
 """`kvstrata bench compare`: the same workload through the same client against each engine in turn.
 
-For each engine of `--engines` (kvstrata, vllm, llamacpp; engines.py): start its server on the
-same model, wait for /health, run the workload (`--workload`, an entry of the registry in
-workloads.py: agentic, multiround, repeat, throughput or trace), then the throughput probe
+For each engine of `--engines` (a name in engines.py's `ENGINES`: kvstrata and its pinned variants,
+vllm and its speculative variants, llamacpp): start its server on the same model, wait for /health,
+run the workload (`--workload`, an entry of the registry in workloads.py: agentic, multiround, repeat,
+throughput, edit or trace), then the throughput probe
 (kvstrata/bench/throughput/probe.py: cold prefill and decode tokens/s over HTTP; `--no-throughput`
 skips it), stop it. Then write `<out-dir>/<workload>-<date>.json` (every engine's full report), `.md`
 (a table: the workload's columns, then the probe's) and PNG plots (plots.py).

@@ -1,5 +1,5 @@
 """Model shapes for synthetic GGUFs: the published configs' sizes, SmolLM2's vocabulary (its tokenizer
-is the one this machine has; a larger vocabulary changes only the embedding and head)."""
+is the one kept locally; a larger vocabulary changes only the embedding and head)."""
 from __future__ import annotations
 
 from typing import NamedTuple

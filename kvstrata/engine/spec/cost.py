@@ -1,4 +1,4 @@
-"""What a step's rows cost, measured on this machine: the price a drafted token must beat.
+"""What a step's rows cost, measured on the host: the price a drafted token must beat.
 
 A decode step reads every weight whatever its row count, so the first row pays for the reads and each
 further row for its arithmetic; each request's first row also reads its context's K/V, and each further
@@ -61,9 +61,9 @@ def measure_step_cost(runner: ModelRunner, rows: int, max_context: int, vocab_si
     """Time steps of 1 and `rows` rows of one request after SHORT tokens and after min(LONG, max_context)
     tokens: `repeats` rounds of the four shapes in turn after one untimed round, the median of each shape
     (where the first 1-row step took over SLOW_STEP_S, one timed round after it); FALLBACK where they do
-    not fit. Rounds, not each shape's steps back to back: the VM's speed moves within seconds, and a slow
-    spell that fell on one shape's steps alone moved the fit (base 7-14 ms, 2.0-3.4 ms a row over three
-    starts of the same server), and with it which drafts join a step."""
+    not fit. Rounds, not each shape's steps back to back: a shared host's speed can move within seconds,
+    and a slow spell that fell on one shape's steps alone moved the fit, and with it which drafts join a
+    step (docs/speculative.md)."""
     pool = runner.pool
     ps = pool.page_size
     long = min(LONG, max_context - rows)

@@ -45,7 +45,7 @@ class Speculator:
         self._drafters: dict[str, RequestDrafter] = {}
         self.totals = SpecStats()  # over every request, for /metrics
         self.cost: StepCost = FALLBACK  # what a step's rows cost here (cost.py)
-        self.measured = False  # cost timed on this machine (Engine.measure_spec_cost)
+        self.measured = False  # cost timed on the host (Engine.measure_spec_cost)
         self.follow_up_due = False  # a request finished in the last step: its client's next request is on its way
 
     def _drafter(self, req: Request) -> RequestDrafter:
@@ -62,7 +62,7 @@ class Speculator:
 
         Under `auto`, drafted tokens join the step while they pay: a token accepted with probability p
         (the draft's own estimate times the request's record at its site, site_stats.py) adds p tokens
-        to the step and a row over its context to its time (`StepCost`, timed on this machine), so it
+        to the step and a row over its context to its time (`StepCost`, timed on the host), so it
         joins while p / its row's time > the step's expected tokens / its time, best first, within
         `spec_max_step_rows` rows. A long context makes a row dearer: it is scored once a row."""
         rows = sum(batch.num_tokens)

@@ -1,9 +1,8 @@
 // Every layer of a pure decode step (one new token per row, every linear on our integer-dot kernel) in one
 // op call: the ~11 ops a layer that LlamaModel.forward would launch from Python, run from here in
-// the same order on the same kernels, so the same bits. Each op launched from Python costs ~4-5 us
-// of dispatch and interpreter around its kernel (measured on the Zen 4 EPYC: a 576-wide rms_norm
-// takes 4.0 us through torch.ops, its loop ~0.2 us); a step of SmolLM2's 30 layers launched ~330 of
-// them, a sixth of a batch-1 step. Here the ops are reached through the dispatcher's typed handles
+// the same order on the same kernels, so the same bits. Each op launched from Python costs microseconds
+// of dispatch and interpreter around a kernel that may take a tenth of that, and a step of SmolLM2's
+// 30 layers launched ~330 of them (docs/cpu-kernels.md, "Decode layers in one op"). Here the ops are reached through the dispatcher's typed handles
 // (found once), which skip Python altogether.
 //
 // Per layer, with h the normed input and x the residual stream (updated in place):

@@ -1,9 +1,9 @@
 // The int8 LM head for a few rows (decode steps) on VNNI dot products (vpdpbusd: 64 u8 x s8 products
 // an instruction, summed in groups of four into 16 int32 lanes).
 //
-// torch's `_weight_int8pack_mm` runs each row over the whole 49k x 576 head at bf16 precision: 2.3 ms
-// for one row and 6.3 ms for eight on the Zen 4 EPYC, where reading the 28 MB of weights once takes
-// ~1 ms. Here every weight is read once for all rows: activations are quantized per row to int8
+// torch's `_weight_int8pack_mm` runs each row over the whole 49k x 576 head at bf16 precision, so
+// its time grows with the rows although reading the 28 MB of weights once would bound it
+// (docs/cpu-kernels.md). Here every weight is read once for all rows: activations are quantized per row to int8
 // (symmetric, max |x| / 127, +128 to make them the unsigned operand) and each block of 16 output rows
 // is held as [K/4][16][4] bytes, so one load feeds every row's lanes. logit = (sum - 128 * wsum[n]) *
 // sx * sw[n]. The extra rounding of the activations is covered where it matters by int8_head.py's

@@ -6,8 +6,8 @@
 // tokens and KV head, scores for the G query heads that share it, an online softmax, and the weighted
 // sum of V, in float32 (a float32 cache's rows are read in place, not copied). An item takes all its
 // KV heads block by block, so a block's slots (all heads side by side) are read whole and in order: an
-// item per head read one slice of each slot, which a standalone read test on the Zen 3 EPYC (2 cores,
-// 256 of each 2,048 bytes, a 1B model's 8 heads) ran at 4.8 GB/s against 13.5 for the whole slots.
+// item per head would read one slice of each slot, a strided read a few times slower than reading the
+// whole slots (docs/cpu-kernels.md, "Attention").
 // Contexts are split into spans of fixed length, so that both cores work on a batch of one (short ones
 // into sets of heads as well); spans are merged by their log-sum-exp (as flash-decoding does).
 // A verify step (engine/spec/) gives one request several rows, each one token further over the same

@@ -3,9 +3,9 @@
 // after its helpers (Partial, kMaxQueries).
 //
 // Why: a verify step gives one request 16 rows, so an item scores 48 queries (SmolLM2: 16 rows x 3 query
-// heads a KV head) against each K row, then sums 48 weighted V rows. Scores alone on tiles (the form
-// before this one) left the weighted sum to float32 FMAs (4 a query and token at D 64) and an online
-// softmax rescale every 32 tokens: ~1.1 ms a drafted row a step at a 3k context. Here, per chunk:
+// heads a KV head) against each K row, then sums 48 weighted V rows. Scores alone on tiles leave the
+// weighted sum to float32 FMAs (4 a query and token at D 64) and an online softmax rescale every 32
+// tokens, the larger part of a drafted row's cost (docs/cpu-kernels.md, "Attention"). Here, per chunk:
 //   K^T: the chunk's K rows turned to pairs of dims x 16 tokens (16x16 transposes of 32-bit pairs), and
 //   V:   its token pairs interleaved (a B tile row: dims d..d+15 of tokens 2i and 2i + 1), both made once
 //        for all of the item's queries;

@@ -63,7 +63,7 @@ inline void store8(c10::BFloat16* p, __m256 v) {  // float -> bf16, round to nea
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
 }
 
-// the AVX-512 form's operations, 8 lanes at a time (AVX2 CPUs: the Zen 3 EPYC), so the same bits
+// the AVX-512 form's operations, 8 lanes at a time (AVX2 CPUs), so the same bits
 template <typename scalar_t>
 int64_t silu_mul_vec(const scalar_t* g, const scalar_t* u, scalar_t* o, int64_t n) {
   int64_t i = 0;

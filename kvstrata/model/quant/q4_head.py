@@ -5,8 +5,8 @@ A batch-1 decode step of a 1B model reads its linears' tiles (577 MB for Llama-3
 and then the whole LM head, 49,152 x 2,048: 96 MB in int8 (int8_head.py), 13% of the step, as much as
 llama.cpp reads for the file's Q6_K head. Here the head is held as Q4_0-style blocks (32 weights, 4-bit
 values around 8, one float16 scale: 4.5 bits a weight, 57 MB) in the integer-dot kernels' q4s tiles
-(int_dot.py) and run by int_dot_linear at 8-bit activations: 1.3-1.4 ms a row against 3.0 ms for the int8
-head (the Zen 3 EPYC, 2026-12-05). Its logits are only candidates: each row's top `RESCORE_TOP` (a step
+(int_dot.py) and run by int_dot_linear at 8-bit activations: about half the int8 head's time a row
+(docs/cpu-kernels.md). Its logits are only candidates: each row's top `RESCORE_TOP` (a step
 with sampled or constrained rows: `WIDE_RESCORE`) are recomputed exactly from the file's rows
 (int8_head.rescore_top), so greedy output is the exact head's whenever its argmax is among them (every one
 of 768 steps of SmolLM2's real head), and sampling sees exact values where its mass is. Measured on
