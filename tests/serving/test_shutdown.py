@@ -56,11 +56,13 @@ def test_drain_refuses_new_work_and_finishes_running(engine: AsyncEngine) -> Non
 
 
 def test_drain_gives_up_after_the_timeout() -> None:
+    """A request that never ends does not hold the stop back: it stops with the request still in flight."""
     lifecycle, stopped = Lifecycle(), threading.Event()
     lifecycle.enter()  # a request that never ends
-    started = time.monotonic()
-    drain_then_stop(lifecycle, stopped.set, timeout_s=0.2).join(5)
-    assert stopped.is_set() and 0.2 <= time.monotonic() - started < 2
+    drainer = drain_then_stop(lifecycle, stopped.set, timeout_s=0.2)
+    drainer.join(5)
+    assert not drainer.is_alive() and stopped.is_set()
+    assert lifecycle.draining and lifecycle.inflight == 1
 
 
 def test_watchdog_stops_the_server_when_the_engine_dies(make_engine: Callable[[], AsyncEngine]) -> None:
