@@ -35,9 +35,9 @@ class GrammarBackend:
 
     def prepare(self) -> None:
         """Build llguidance's tokenizer now (the server's warm-up), not at the first constrained request."""
-        self._llt()
+        self._ll_tokenizer_once()
 
-    def _llt(self) -> Any:
+    def _ll_tokenizer_once(self) -> Any:
         with self._lock:  # the compile thread and the engine thread may both ask first
             if self._ll_tokenizer is None:
                 import llguidance
@@ -52,7 +52,7 @@ class GrammarBackend:
         """A fresh matcher for `grammar`; a grammar llguidance refuses is the client's error."""
         import llguidance
 
-        m = llguidance.LLMatcher(self._llt(), grammar, log_level=0)
+        m = llguidance.LLMatcher(self._ll_tokenizer_once(), grammar, log_level=0)
         if m.is_error():
             raise InvalidRequestError(f"the output constraint cannot be compiled: {m.get_error()}", "response_format")
         return m

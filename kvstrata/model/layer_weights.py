@@ -99,28 +99,28 @@ def build_layer(i: int, tensors: dict[str, torch.Tensor], dtype: torch.dtype, de
     """Layer i from dense `tensors` and quantized `tiles` (int-dot) or `q4` (torch's int4 kernel)."""
     quant = LayerLinears.of_tiles(tiles, i) if tiles else LayerLinears.of_torch_int4(q4, i) if q4 else None
 
-    def w(name: str) -> torch.Tensor:
+    def on_device(name: str) -> torch.Tensor:  # a dense tensor in the model's dtype, on its device
         return tensors[name].to(device=device, dtype=dtype).contiguous()
 
     def dense(linear: str) -> torch.Tensor | None:
         names = part_names(i, linear)
         if quant is not None and not all(n in tensors for n in names):
             return None  # quantized only
-        parts = [w(n) if n in tensors else int_dot.dequantize(tiles[n], dtype) for n in names]
+        parts = [on_device(n) if n in tensors else int_dot.dequantize(tiles[n], dtype) for n in names]
         out = torch.cat(parts) if len(parts) > 1 else parts[0]
         return prepack_dense(out) if prepack else out
 
     p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
     bias = None
     if a + "q_proj.bias" in tensors:
-        bias = torch.cat([w(a + "q_proj.bias"), w(a + "k_proj.bias"), w(a + "v_proj.bias")])
+        bias = torch.cat([on_device(a + "q_proj.bias"), on_device(a + "k_proj.bias"), on_device(a + "v_proj.bias")])
     linears = {name: Linear(dense(name), getattr(quant, name) if quant else None) for name in LINEAR_PARTS}
     linears["qkv"].bias = bias
     return LayerWeights(
-        input_norm=w(p + "input_layernorm.weight"),
-        q_norm=w(a + "q_norm.weight") if a + "q_norm.weight" in tensors else None,
-        k_norm=w(a + "k_norm.weight") if a + "k_norm.weight" in tensors else None,
-        post_norm=w(p + "post_attention_layernorm.weight"),
+        input_norm=on_device(p + "input_layernorm.weight"),
+        q_norm=on_device(a + "q_norm.weight") if a + "q_norm.weight" in tensors else None,
+        k_norm=on_device(a + "k_norm.weight") if a + "k_norm.weight" in tensors else None,
+        post_norm=on_device(p + "post_attention_layernorm.weight"),
         quant=quant, **linears,
     )
 
