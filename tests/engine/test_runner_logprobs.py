@@ -81,9 +81,11 @@ def test_output_logprobs_match_transformers(tiny_model_dir: Path, hf: Any, kw: d
     {"enable_prefix_caching": False},
     {"max_num_batched_tokens": 24, "chunked_prefill_size": 8},  # prompts in several chunks
     {"max_total_tokens": 160, "page_size": 16, "max_num_batched_tokens": 64},  # pages run short: preemption
+    {"speculative": "suffix"},  # the outputs' logprobs from verify rows
 ])
 def test_prompt_logprobs_match_transformers_cached_or_not(tiny_model_dir: Path, hf: Any, kw: dict[str, Any]) -> None:
-    llm = make(tiny_model_dir, speculative="off", **kw)
+    kw.setdefault("speculative", "off")
+    llm = make(tiny_model_dir, **kw)
     ps = repetitive_prompts(4, max_repeats=6, seed=1)
     plain = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     echo = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=1, prompt_logprobs=2)
