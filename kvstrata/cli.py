@@ -27,7 +27,8 @@ def _serve(ns: argparse.Namespace) -> int:
     logging.basicConfig(
         level=server_cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from kvstrata.router.launcher import port_is_free, run_data_parallel
+    from kvstrata.router.launcher import run_data_parallel
+    from kvstrata.serving.ports import port_is_free
 
     if server_cfg.port and not port_is_free(server_cfg.host, server_cfg.port):
         raise ConfigError(f"--port {server_cfg.port} on {server_cfg.host} is in use; stop what listens there or pick another")

@@ -5,8 +5,8 @@ agent CLIs), fleet/ (sessions behind `--dp-size N`), multiround/, throughput/ (o
 compare/ (each engine in turn), spec/ (the edit workload), trace/ (Mooncake traces, live and simulated),
 response_cache/ (repeat, locust), kv/ (tiers-ttft, radix-bookkeeping), perplexity/, synth/ (synth-model:
 random-weight GGUFs of real shapes). A command of one module stays a module here (soak.py,
-bf16_drift.py), beside what the families share: args.py (flags),
-client.py (the streaming client), report.py (achievable tokens, the summary), machine.py, plot_base.py.
+bf16_drift.py), beside what the families share: args.py (flags), client.py (the streaming client),
+text.py (seeded prose), report.py (achievable tokens, the summary), machine.py, plot_base.py.
 The repository's top-level bench/ holds results, the traces, the peers' scripts and one-off measurement
 scripts (bench/README.md).
 """

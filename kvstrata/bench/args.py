@@ -1,4 +1,5 @@
-"""Flags the bench commands share: the client group every workload takes, and the agentic workload's.
+"""Flags the bench commands share: the client group every workload takes, the agentic workload's, and
+`check_ranges`, the bounds check of a workload's flags.
 
 The command modules (agentic, multiround, repeat, compare, ...) and the CLI table (cli.py) import
 from here, so no command module imports the CLI that registers it.
@@ -61,3 +62,10 @@ def add_agentic_workload_args(parser: argparse.ArgumentParser) -> argparse._Argu
                        help="tokens per user message or tool result, 20-200 (default: %(default)s)")
     add_scan_args(group)  # --scan-prompts, --scan-tokens, --think-time, --cache-hints (agentic/scan.py)
     return group
+
+
+def check_ranges(checks: list[tuple[str, int, int, int]]) -> None:
+    """Raise ValueError naming the first flag whose value is outside [low, high]."""
+    for flag, value, low, high in checks:
+        if not low <= value <= high:
+            raise ValueError(f"{flag} must be in [{low}, {high}] (got {value})")

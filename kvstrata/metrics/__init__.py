@@ -23,4 +23,7 @@ The gateway's `/metrics` (`gateway.py`): every ready rank's series with a `rank`
 
 `tests/metrics/test_catalogue.py` checks this list against what the collectors expose.
 """
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
 PREFIX = "kvstrata:"
+CONTENT_TYPE = CONTENT_TYPE_LATEST  # the media type of a rank's and the gateway's /metrics body

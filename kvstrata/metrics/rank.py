@@ -10,7 +10,6 @@ import time
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from kvstrata.engine.outputs import RequestOutput
 from kvstrata.metrics import PREFIX as P
@@ -25,7 +24,6 @@ stats_log = logging.getLogger("kvstrata.request_stats")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.25, 0.5, 1.0, 2.5)
 SPEC_LENGTH_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class Metrics:

@@ -9,8 +9,10 @@ can be thousands, and a log-softmax of all of them at once would double the logi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # TokenLogprob travels to the gateway, which never loads torch (tests/test_gateway_imports.py)
+    import torch
 
 SLICE_ROWS = 256
 
@@ -27,6 +29,8 @@ class TokenLogprob:
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor | list[int], top: list[int]) -> list[TokenLogprob]:
     """logits [R, V] (any float dtype), tokens [R]: row r's logprob of tokens[r] and its top[r] best. One
     host read per slice of rows."""
+    import torch
+
     if logits.shape[0] == 0:
         return []
     tok = torch.as_tensor(tokens, dtype=torch.long, device=logits.device).view(-1, 1)

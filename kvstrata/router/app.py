@@ -30,6 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from kvstrata.config import RouterConfig, ServerConfig
+from kvstrata.metrics import CONTENT_TYPE
 from kvstrata.router.gateway import Gateway, send_headers
 from kvstrata.router.passthrough import any_rank
 from kvstrata.serving.auth import ApiKeys, AuthMiddleware, request_tenant
@@ -38,10 +39,9 @@ from kvstrata.serving.errors import install_error_handlers
 from kvstrata.serving.http_protocol import protocol_settings
 from kvstrata.serving.limits import RequestLimitsMiddleware
 from kvstrata.serving.messages.errors import AnthropicErrors
-from kvstrata.metrics.rank import CONTENT_TYPE
-from kvstrata.serving.response_cache.service import CacheHeaderOnErrors
-from kvstrata.serving.server import UvicornThread
+from kvstrata.serving.response_cache.header import CacheHeaderOnErrors
 from kvstrata.serving.shutdown import Lifecycle, LifecycleMiddleware
+from kvstrata.serving.uvicorn_thread import UvicornThread
 from kvstrata.serving.worker_info import MODEL_INFO_PATHS, SERVER_INFO_PATHS
 
 logger = logging.getLogger(__name__)

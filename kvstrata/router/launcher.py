@@ -21,7 +21,6 @@ import logging
 import multiprocessing as mp
 import os
 import signal
-import socket
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -31,6 +30,7 @@ from kvstrata.config import CacheConfig, ModelConfig, RouterConfig, SchedulerCon
 from kvstrata.config_flags import ConfigError
 from kvstrata.kv.event_wire import KVEventsConfig
 from kvstrata.router.policy import make_policy
+from kvstrata.serving.ports import free_port, port_is_free
 
 logger = logging.getLogger(__name__)
 
@@ -53,23 +53,6 @@ def _rank_main(
     os.setpgid(0, 0)  # a terminal's Ctrl-C goes to the launcher only; it stops the ranks once
     die_with_parent(parent_pid)
     sys.exit(run_server(model_cfg, cache_cfg, sched_cfg, server_cfg))  # 1 when the engine died
-
-
-def port_is_free(host: str, port: int) -> bool:
-    """Whether a server could listen on host:port now (SO_REUSEADDR, as uvicorn binds)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(host: str = RANK_HOST) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def rank_ports(n: int, server_cfg: ServerConfig) -> list[int]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
+from kvstrata.metrics import CONTENT_TYPE
 from kvstrata.serving.dashboard import install_dashboard_route
-from kvstrata.metrics.rank import CONTENT_TYPE
 from kvstrata.serving.state import ServerState
 
 

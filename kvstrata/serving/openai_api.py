@@ -36,7 +36,8 @@ from kvstrata.serving.protocol import ChatCompletionRequest, CompletionRequest
 from kvstrata.serving.rank_info import install_rank_info_route
 from kvstrata.serving.response_cache.key import CHAT, COMPLETIONS
 from kvstrata.serving.response_cache.replay import replay
-from kvstrata.serving.response_cache.service import CacheHeaderOnErrors, Ticket
+from kvstrata.serving.response_cache.header import CacheHeaderOnErrors
+from kvstrata.serving.response_cache.service import Ticket
 from kvstrata.serving.responses.route import install_responses_route
 from kvstrata.serving.shutdown import LifecycleMiddleware
 from kvstrata.serving.state import ServerState

@@ -18,13 +18,15 @@ from __future__ import annotations
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
 from kvstrata.model.fetch import resolve_model
 from kvstrata.model.tokenizer import tokenizer_json
-from kvstrata.serving.state import ServerState
+
+if TYPE_CHECKING:  # the gateway imports the paths below and must not load a rank's state (metrics, KV)
+    from kvstrata.serving.state import ServerState
 
 SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
 MODEL_INFO_PATHS = ("/model_info", "/get_model_info")

@@ -17,9 +17,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvstrata.config import CacheConfig, ModelConfig, RouterConfig, SchedulerConfig, ServerConfig
 from kvstrata.router.app import GatewayThread
-from kvstrata.router.launcher import RankSupervisor, free_port, rank_specs
+from kvstrata.router.launcher import RankSupervisor, rank_specs
 from kvstrata.serving.auth import COOKIE
 from kvstrata.serving.dashboard import dashboard_html
+from kvstrata.serving.ports import free_port
 from polling import wait_for
 
 ALICE, BOB = "sk-alice-1", "sk-bob-2"

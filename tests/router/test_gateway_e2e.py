@@ -17,8 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvstrata.config import CacheConfig, ModelConfig, RouterConfig, SchedulerConfig, ServerConfig
 from kvstrata.router.app import GatewayThread
-from kvstrata.router.launcher import RankSupervisor, free_port, rank_specs
+from kvstrata.router.launcher import RankSupervisor, rank_specs
 from kvstrata.router.policy import make_policy
+from kvstrata.serving.ports import free_port
 from polling import wait_for
 
 WORDS = "alpha beta gamma delta tool schema json call result weather city price search file read".split()

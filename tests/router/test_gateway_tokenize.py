@@ -14,7 +14,7 @@ import pytest
 from kvstrata.config import CacheConfig, ModelConfig, RouterConfig, SchedulerConfig, ServerConfig
 from kvstrata.engine.async_engine import AsyncEngine
 from kvstrata.router.app import GatewayThread
-from kvstrata.router.launcher import free_port
+from kvstrata.serving.ports import free_port
 from kvstrata.serving.server import ServerThread
 from kvstrata.serving.state import ServerState
 

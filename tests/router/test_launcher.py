@@ -20,7 +20,8 @@ import pytest
 
 from kvstrata.config import ServerConfig
 from kvstrata.config_flags import ConfigError
-from kvstrata.router.launcher import free_port, rank_ports
+from kvstrata.router.launcher import rank_ports
+from kvstrata.serving.ports import free_port
 from proc_support import KvstrataProcess, alive, descendants, wait_for
 
 

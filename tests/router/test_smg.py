@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvstrata.process_tree import pdeathsig_preexec
-from kvstrata.router.launcher import free_port
+from kvstrata.serving.ports import free_port
 from proc_support import KvstrataProcess, alive, descendants, wait_for
 
 MODEL = "tiny"

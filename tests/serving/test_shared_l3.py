@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvstrata.kv.hashing import hash_pages
 from kvstrata.kv.store.registry import create_store
-from kvstrata.router.launcher import free_port
+from kvstrata.serving.ports import free_port
 from proc_support import KvstrataProcess, wait_for
 from store_servers import mooncake_master, mooncake_unavailable, redis_server
 

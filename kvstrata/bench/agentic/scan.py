@@ -18,8 +18,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from kvstrata.bench.agentic.workload import prose
 from kvstrata.bench.client import ChatClient
+from kvstrata.bench.text import prose
 
 
 def add_scan_args(group: argparse._ArgumentGroup) -> None:

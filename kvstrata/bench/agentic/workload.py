@@ -6,36 +6,18 @@ user message or a tool result, both sent with role "user" so every peer's chat t
 validator accepts them (a `tool` role would need `tool_call_id`s the replies never carry).
 The assistant replies are not generated here: the driver appends the real reply of the server.
 
-Text is drawn from a fixed vocabulary of common English words, which most BPE tokenizers keep as
-one token each, so `approx_tokens` tracks a real tokenizer's count closely. Each agent and session
-has its own `random.Random` seeded from (seed, kind, index): adding sessions never changes agents.
+Text is prose of common English words (bench/text.py), whose token count `approx_tokens` tracks
+closely without a tokenizer. Each agent and session has its own `random.Random` seeded from (seed, kind, index): adding sessions never changes agents.
 """
 from __future__ import annotations
 
 import json
 import random
-import re
 from dataclasses import dataclass
 
-WORDS: tuple[str, ...] = tuple("""
-the of and to in is you that it was for on are as with they at be this have from or one had by
-word but not what all were we when your can said there use each which she do how their if will up
-other about out many then them these so some her would make like into time has look two more write
-go see number no way could people my than first water been call who its now find long down day did
-get come made may part over new sound take only little work know place year live me back give most
-very after thing our just name good sentence man think say great where help through much before
-line right too mean old any same tell boy follow came want show also around form three small set
-put end does another well large must big even such because turn here why ask went men read need
-land different home us move try kind hand picture again change off play spell air away animal house
-point page letter mother answer found study still learn should world high every near add food
-between own below country plant last school father keep tree never start city earth eye light
-thought head under story saw left few while along might close something seem next hard open example
-begin life always those both paper together got group often run important until children side feet
-car mile night walk white sea began grow took river four carry state once book hear stop without
-second later miss idea enough eat face watch far really almost let above girl sometimes mountain
-cut young talk soon list song being leave family order account report record customer invoice
-payment shipping address product price status ticket message team project file document user
-""".split())
+from kvstrata.bench.args import check_ranges
+from kvstrata.bench.text import WORDS, approx_tokens, prose, sentence
+
 VERBS: tuple[str, ...] = tuple(
     "get search list create update delete send check find read write cancel schedule fetch".split()
 )
@@ -44,19 +26,6 @@ NOUNS: tuple[str, ...] = tuple(
     "user product address shipment calendar event note task contact weather".split()
 )
 TYPES: tuple[str, ...] = ("string", "integer", "number", "boolean", "array")
-_PIECE = re.compile(r"[A-Za-z]+|[0-9]|\n|[^A-Za-z0-9\s]+")
-
-
-def approx_tokens(text: str) -> int:
-    """A tokenizer-free token estimate: words, digits, newlines, punctuation runs."""
-    return len(_PIECE.findall(text))
-
-
-def check_ranges(checks: list[tuple[str, int, int, int]]) -> None:
-    """Raise ValueError naming the first flag whose value is outside [low, high]."""
-    for flag, value, low, high in checks:
-        if not low <= value <= high:
-            raise ValueError(f"{flag} must be in [{low}, {high}] (got {value})")
 
 
 @dataclass(frozen=True)
@@ -136,31 +105,11 @@ def _rng(config: AgenticConfig, kind: str, index: int) -> random.Random:
     return random.Random(f"kvstrata-agentic:{config.seed}:{kind}:{index}")
 
 
-def _words(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(max(1, n)))
-
-
-def _sentence(rng: random.Random, n_words: int) -> str:
-    text = _words(rng, n_words)
-    return text[0].upper() + text[1:] + "."
-
-
-def prose(rng: random.Random, tokens: int) -> str:
-    """Sentences of 6-18 words until about `tokens` tokens (one per word, one per period)."""
-    sentences: list[str] = []
-    left = tokens
-    while left > 1:
-        n = min(rng.randint(6, 18), left - 1)
-        sentences.append(_sentence(rng, n))
-        left -= n + 1
-    return " ".join(sentences)
-
-
 def _tool(rng: random.Random, name: str) -> dict[str, object]:
     properties: dict[str, dict[str, object]] = {}
     for _ in range(rng.randint(2, 5)):
         kind = rng.choice(TYPES)
-        prop: dict[str, object] = {"type": kind, "description": _sentence(rng, rng.randint(5, 12))}
+        prop: dict[str, object] = {"type": kind, "description": sentence(rng, rng.randint(5, 12))}
         if kind == "array":
             prop["items"] = {"type": "string"}
         elif kind == "string" and rng.random() < 0.3:
@@ -168,7 +117,7 @@ def _tool(rng: random.Random, name: str) -> dict[str, object]:
         properties[f"{rng.choice(NOUNS)}_{rng.choice(NOUNS)}"] = prop
     required = sorted(rng.sample(list(properties), k=rng.randint(1, len(properties))))
     parameters = {"type": "object", "properties": properties, "required": required}
-    function = {"name": name, "description": _sentence(rng, rng.randint(8, 20)), "parameters": parameters}
+    function = {"name": name, "description": sentence(rng, rng.randint(8, 20)), "parameters": parameters}
     return {"type": "function", "function": function}
 
 

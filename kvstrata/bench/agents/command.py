@@ -28,7 +28,7 @@ from kvstrata.bench.agents.proxy import Exchange, MeasuringProxy
 from kvstrata.bench.compare.engines import ENGINES, EngineUnavailable, RunningServer
 from kvstrata.bench.machine import with_machine
 from kvstrata.bench.paths import portable_tree
-from kvstrata.router.launcher import free_port
+from kvstrata.serving.ports import free_port
 
 SERVED = "smollm2"  # the name every engine of bench/compare/engines.py serves under
 

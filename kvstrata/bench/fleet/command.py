@@ -27,8 +27,8 @@ from kvstrata.bench.compare.engines import ENGINES, EngineUnavailable, RunningSe
 from kvstrata.bench.fleet.workload import FleetConfig, FleetWorkload, fleet_figures
 from kvstrata.bench.machine import with_machine
 from kvstrata.bench.paths import portable_tree
-from kvstrata.router.launcher import free_port
 from kvstrata.router.policy import POLICIES
+from kvstrata.serving.ports import free_port
 
 SERVED = "smollm2"  # the name bench/compare/engines.py's kvstrata serves under
 

@@ -13,9 +13,10 @@ import random
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from kvstrata.bench.agentic.workload import check_ranges, prose
+from kvstrata.bench.args import check_ranges
 from kvstrata.bench.client import RequestRecord
 from kvstrata.bench.report import percentile
+from kvstrata.bench.text import prose
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from typing import Iterator
 import httpx
 
 from kvstrata.process_tree import pdeathsig_preexec
-from kvstrata.router.launcher import free_port
+from kvstrata.serving.ports import free_port
 
 
 @contextmanager

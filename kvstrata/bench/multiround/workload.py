@@ -17,7 +17,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from kvstrata.bench.agentic.workload import Session, Turn, approx_tokens, check_ranges, prose
+from kvstrata.bench.agentic.workload import Session, Turn
+from kvstrata.bench.args import check_ranges
+from kvstrata.bench.text import approx_tokens, prose
 
 # The peers compare starts serve 4096-token sequences (compare/engines.py); the last round must fit.
 MAX_CONTEXT_TOKENS = 4096

@@ -21,8 +21,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from kvstrata.bench.agentic.workload import check_ranges, prose
+from kvstrata.bench.args import check_ranges
 from kvstrata.bench.client import ChatClient, ChatResult
+from kvstrata.bench.text import prose
 
 
 @dataclass(frozen=True)

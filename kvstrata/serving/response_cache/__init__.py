@@ -5,7 +5,8 @@ Inner to outer, each module importing only those before it:
   nothing of HTTP or requests;
 - `key.py`: a request's canonical key (the validated body of `serving/protocol.py`);
 - `replay.py`: what is stored for a request and how a hit is answered (JSON or SSE);
-- `service.py`: the HTTP edge the routes call (hit, miss or bypass; the `x-kvstrata-cache` header).
+- `header.py`: the `x-kvstrata-cache` header, and the middleware that marks error answers `bypass`;
+- `service.py`: the HTTP edge the routes call (hit, miss or bypass, said in that header).
 """
 from __future__ import annotations
 

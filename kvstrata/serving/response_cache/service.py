@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable
 
 from fastapi import Request
 from pydantic import BaseModel
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvstrata.config import ServerConfig
 from kvstrata.config_flags import ConfigError
@@ -40,6 +39,7 @@ from kvstrata.serving.errors import quote
 from kvstrata.metrics.rank import Metrics
 from kvstrata.serving.prepare import check_model
 from kvstrata.serving.response_cache.cache import ResponseCache
+from kvstrata.serving.response_cache.header import CACHE_HEADER
 from kvstrata.serving.response_cache.key import engine_namespace, is_deterministic, load_fixed_keys, request_key
 from kvstrata.serving.response_cache.replay import FINISHED_NORMALLY, CachedChoice, CachedResponse
 from kvstrata.serving.response_cache.single_flight import SingleFlight
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
     from kvstrata.engine.async_engine import AsyncEngine
 
 logger = logging.getLogger(__name__)
-CACHE_HEADER = "x-kvstrata-cache"
 Outputs = AsyncIterator[tuple[int, RequestOutput]]
 
 
@@ -218,28 +217,3 @@ async def _opted_out(request: Request) -> bool:
     if not isinstance(flag, bool):
         raise InvalidRequestError(f"cache must be true or false, got {quote(flag)}", "cache", "invalid_value")
     return not flag
-
-
-class CacheHeaderOnErrors:
-    """ASGI middleware: an error answer (4xx/5xx) of a completion route that set no cache header
-    (validation, auth, limits, draining, a failed request) gets `x-kvstrata-cache: bypass`, so
-    every response of those routes says what the cache did."""
-
-    ROUTES = frozenset({"/v1/completions", "/v1/chat/completions"})
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] not in self.ROUTES:
-            await self.app(scope, receive, send)
-            return
-
-        async def send_marked(message: Message) -> None:
-            if message["type"] == "http.response.start" and message["status"] >= 400:
-                headers = list(message.get("headers", []))
-                if not any(name.lower() == CACHE_HEADER.encode() for name, _ in headers):
-                    message = {**message, "headers": [*headers, (CACHE_HEADER.encode(), BYPASS.status.encode())]}
-            await send(message)
-
-        await self.app(scope, receive, send_marked)

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from kvstrata.bench.agentic.workload import AgenticConfig, approx_tokens, generate_agentic
+from kvstrata.bench.agentic.workload import AgenticConfig, generate_agentic
+from kvstrata.bench.text import approx_tokens
 
 
 def n_tokens(tokenizer: Any, text: str) -> int:

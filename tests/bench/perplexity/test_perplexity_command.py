@@ -11,7 +11,7 @@ import pytest
 
 from kvstrata.bench.paths import REPO
 from kvstrata.cli import main
-from kvstrata.router.launcher import free_port
+from kvstrata.serving.ports import free_port
 from kvstrata.serving.server import ServerThread
 
 TEXT = REPO / "bench" / "texts" / "alice-chapters-1-7.txt"
