@@ -36,7 +36,7 @@ from kvstrata.router.passthrough import any_rank
 from kvstrata.serving.auth import ApiKeys, AuthMiddleware, request_tenant
 from kvstrata.serving.dashboard import install_dashboard_route
 from kvstrata.serving.errors import install_error_handlers
-from kvstrata.serving.http_protocol import protocol_settings
+from kvstrata.serving.h11_errors import protocol_settings
 from kvstrata.serving.limits import RequestLimitsMiddleware
 from kvstrata.serving.messages.errors import AnthropicErrors
 from kvstrata.serving.response_cache.header import CacheHeaderOnErrors

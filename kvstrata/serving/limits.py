@@ -7,7 +7,7 @@
   text can hold: 400;
 - a NaN or Infinity literal (Python's json reads them, JSON has none, no reply could echo one): 400;
 - request headers over `MAX_HEADER_BYTES` in all: 431 (beyond `PARSER_BUFFER_BYTES` the HTTP
-  parser itself answers 431, see http_protocol.py);
+  parser itself answers 431, see h11_errors.py);
 - a body that stops arriving (a Content-Length longer than what is sent) for
   `--request-body-timeout` seconds: 408.
 All answers are OpenAI-style JSON errors. The body checks (body_scan.py) are linear in the body;

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable
 import uvicorn
 
 from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig, ServerConfig
-from kvstrata.serving.http_protocol import protocol_settings
+from kvstrata.serving.h11_errors import protocol_settings
 from kvstrata.serving.openai_api import build_app
 from kvstrata.serving.shutdown import DrainingServer, drain_then_stop, watch_engine
 from kvstrata.serving.state import ServerState
