@@ -161,37 +161,38 @@ inline __m256i high_vec(const uint8_t* hp, int v, int h) {
 
 inline __m256i pair_sums(__m256i s16) { return _mm256_madd_epi16(s16, _mm256_set1_epi16(1)); }
 
-// q5/q6/q8: out[r][8 h + i] for N <= 2 rows from r0, NH halves from h0 (NH = 2 streams the column
-// once; NH = 1, a half a pass, is for passes whose accumulators would not fit both); (HB, G, S) = the
-// format's (high bits, groups, symmetric)
-template <int HB, int G, bool S, int N, bool W, int NH>
-void hb_half(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, int h0, float* out /* [N][16] */) {
-  constexpr Format f{HB, G, S};
+// q5/q6/q8: out[r][8 h + i] for kRows <= 2 rows from r0, kHalves halves from h0 (kHalves = 2 streams the
+// column once; kHalves = 1, a half a pass, is for passes whose accumulators would not fit both);
+// (kHighBits, kGroups, kSymmetric) = the format's (high bits, groups, symmetric)
+template <int kHighBits, int kGroups, bool kSymmetric, int kRows, bool kWide, int kHalves>
+void hb_half(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, int h0, float* out /* [kRows][16] */) {
+  constexpr Format f{kHighBits, kGroups, kSymmetric};
   const int64_t nb = K / kGroup;
-  __m256 acc[N][NH];
-  for (int r = 0; r < N; ++r)
-    for (int h = 0; h < NH; ++h) acc[r][h] = _mm256_setzero_ps();
+  __m256 acc[kRows][kHalves];
+  for (int r = 0; r < kRows; ++r)
+    for (int h = 0; h < kHalves; ++h) acc[r][h] = _mm256_setzero_ps();
   const __m256i m4 = _mm256_set1_epi8(0x0F), m4h = _mm256_set1_epi8(static_cast<char>(0xF0));
   for (int64_t j = 0; j < nb; ++j) {
     const uint8_t* wb = w + j * f.bytes();
     if (h0 == 0) prefetch_ahead(wb, f.bytes());
     const uint8_t* sp = wb + kLowBytes + f.high_bytes();
-    __m256i dh[N][NH][G], dl[N][NH][G];  // 32-bit dots with the hi and lo activation bytes, per group
-    for (int r = 0; r < N; ++r)
-      for (int h = 0; h < NH; ++h)
-        for (int g = 0; g < G; ++g) dh[r][h][g] = dl[r][h][g] = _mm256_setzero_si256();
-    for (int v = 0; v < 4; ++v) for (int h = 0; h < NH; ++h) {
+    // 32-bit dots with the hi and lo activation bytes, per group
+    __m256i dh[kRows][kHalves][kGroups], dl[kRows][kHalves][kGroups];
+    for (int r = 0; r < kRows; ++r)
+      for (int h = 0; h < kHalves; ++h)
+        for (int g = 0; g < kGroups; ++g) dh[r][h][g] = dl[r][h][g] = _mm256_setzero_si256();
+    for (int v = 0; v < 4; ++v) for (int h = 0; h < kHalves; ++h) {
       const __m256i raw = LOADU(wb + 64 * v + 32 * (h0 + h));
       const __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-      const __m256i H = high_vec<HB>(wb + kLowBytes, v, h0 + h);
-      for (int r = 0; r < N; ++r) {
+      const __m256i H = high_vec<kHighBits>(wb + kLowBytes, v, h0 + h);
+      for (int r = 0; r < kRows; ++r) {
         const int8_t* xh = a.hi.data() + (r0 + r) * K + j * kGroup;
         const int8_t* xl = a.lo.data() + (r0 + r) * K + j * kGroup;
         const __m256i ha = _mm256_set1_epi32(load4(xh + 4 * v)), hb = _mm256_set1_epi32(load4(xh + 16 + 4 * v));
         const __m256i la = _mm256_set1_epi32(load4(xl + 4 * v)), lb = _mm256_set1_epi32(load4(xl + 16 + 4 * v));
-        if constexpr (HB == 4) {  // q up to 255: the nibble planes apart (each product pair <= 2 x 15 x 128)
+        if constexpr (kHighBits == 4) {  // q up to 255: the nibble planes apart (each product pair <= 2 x 15 x 128)
           const __m256i qa = _mm256_and_si256(H, m4), qb = _mm256_and_si256(_mm256_srli_epi16(H, 4), m4);
-          if constexpr (W) {
+          if constexpr (kWide) {
             const __m256i th = _mm256_add_epi16(_mm256_maddubs_epi16(qa, ha), _mm256_maddubs_epi16(qb, hb));
             const __m256i sh = _mm256_add_epi16(_mm256_maddubs_epi16(lo, ha), _mm256_maddubs_epi16(hi, hb));
             dh[r][h][0] = _mm256_add_epi32(dh[r][h][0], _mm256_add_epi32(pair_sums(sh), _mm256_slli_epi32(pair_sums(th), 4)));
@@ -203,40 +204,41 @@ void hb_half(const Activations& a, int64_t r0, int64_t K, const uint8_t* w, int 
           const __m256i qa = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(H, m4), 4));
           const __m256i qb = _mm256_or_si256(hi, _mm256_and_si256(H, m4h));
           const __m256i pla = _mm256_maddubs_epi16(qa, la), plb = _mm256_maddubs_epi16(qb, lb);
-          if constexpr (W) {
+          if constexpr (kWide) {
             const __m256i pha = _mm256_maddubs_epi16(qa, ha), phb = _mm256_maddubs_epi16(qb, hb);
-            if constexpr (G == 1) {
+            if constexpr (kGroups == 1) {
               dh[r][h][0] = _mm256_add_epi32(dh[r][h][0], pair_sums(_mm256_add_epi16(pha, phb)));
             } else {
               dh[r][h][0] = _mm256_add_epi32(dh[r][h][0], pair_sums(pha));
-              dh[r][h][G - 1] = _mm256_add_epi32(dh[r][h][G - 1], pair_sums(phb));
+              dh[r][h][kGroups - 1] = _mm256_add_epi32(dh[r][h][kGroups - 1], pair_sums(phb));
             }
           }
-          if constexpr (G == 1) {
+          if constexpr (kGroups == 1) {
             dl[r][h][0] = _mm256_add_epi32(dl[r][h][0], pair_sums(_mm256_add_epi16(pla, plb)));
           } else {
             dl[r][h][0] = _mm256_add_epi32(dl[r][h][0], pair_sums(pla));
-            dl[r][h][G - 1] = _mm256_add_epi32(dl[r][h][G - 1], pair_sums(plb));
+            dl[r][h][kGroups - 1] = _mm256_add_epi32(dl[r][h][kGroups - 1], pair_sums(plb));
           }
         }
       }
     }
-    for (int r = 0; r < N; ++r) for (int h = 0; h < NH; ++h) {
+    for (int r = 0; r < kRows; ++r) for (int h = 0; h < kHalves; ++h) {
       const int64_t at = (r0 + r) * nb + j;
       const __m256 sx = _mm256_set1_ps(a.scale[at]);
-      for (int g = 0; g < G; ++g) {
-        const __m256i dot = W ? _mm256_add_epi32(_mm256_slli_epi32(dh[r][h][g], 8), dl[r][h][g]) : dl[r][h][g];
+      for (int g = 0; g < kGroups; ++g) {
+        const __m256i dot = kWide ? _mm256_add_epi32(_mm256_slli_epi32(dh[r][h][g], 8), dl[r][h][g]) : dl[r][h][g];
         acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(HALVES(sp + 32 * g + 16 * (h0 + h)), sx), _mm256_cvtepi32_ps(dot), acc[r][h]);
       }
-      for (int g = 0; g < G; ++g) {
-        const float xs = G == 1 ? a.sum[at] : a.sum16[2 * at + g];
-        const __m256 bi = biases<S>(sp + 32 * G + 32 * g + 16 * (h0 + h), HALVES(sp + 32 * g + 16 * (h0 + h)), f);
+      for (int g = 0; g < kGroups; ++g) {
+        const float xs = kGroups == 1 ? a.sum[at] : a.sum16[2 * at + g];
+        const __m256 bi = biases<kSymmetric>(sp + 32 * kGroups + 32 * g + 16 * (h0 + h),
+                                             HALVES(sp + 32 * g + 16 * (h0 + h)), f);
         acc[r][h] = _mm256_fmadd_ps(bi, _mm256_set1_ps(xs), acc[r][h]);
       }
     }
   }
-  for (int r = 0; r < N; ++r)
-    for (int h = 0; h < NH; ++h) _mm256_storeu_ps(out + r * kLanes + 8 * (h0 + h), acc[r][h]);
+  for (int r = 0; r < kRows; ++r)
+    for (int h = 0; h < kHalves; ++h) _mm256_storeu_ps(out + r * kLanes + 8 * (h0 + h), acc[r][h]);
 }
 
 // q5/q6 at 8-bit activations, R rows from r0 (a wide step's pass): one half of each tile at a time, its
