@@ -211,6 +211,12 @@ class ServerConfig:
     host: str = opt("127.0.0.1", "address to listen on")
     port: int = opt(8000, "port to listen on", min=0, max=65535)
     enable_log_request_stats: bool = opt(False, "log one key=value line per finished request")
+    ttft_target_ms: float = opt(
+        2000.0, "the time-to-first-token target a finished request is counted against (goodput and slack in "
+        "/metrics)", min=1)
+    tpot_target_ms: float = opt(
+        200.0, "the mean time-per-output-token target (after the first token) a finished request is counted "
+        "against (goodput and slack in /metrics)", min=1)
     log_level: str = opt("info", "log level", choices=["debug", "info", "warning", "error"])
     # Response cache (kvstrata/serving/response_cache/); EnergonAI's flag spellings as aliases.
     response_cache_size: int = opt(

@@ -7,6 +7,8 @@ A rank's `/metrics` (`rank.py`, one registry per server; gauges read at scrape t
     request_success_total{finish_reason}                         finished requests
     time_to_first_token_seconds, e2e_request_latency_seconds,
     inter_token_latency_seconds                                  histograms
+    request_goodput_total{slo="met|missed"}                      finished requests against both latency targets
+    request_ttft_slack_seconds, request_tpot_slack_seconds       target minus what a request got (< 0: missed)
     num_requests_running, num_requests_waiting                   the batch and the queue
     kv_cache_usage_perc, prefix_cache_pages                      L1 pages in use, pages cached
     spec_decode_{draft,accepted}_tokens_total,

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from kvstrata.engine.outputs import RequestOutput
+from kvstrata.engine.sampling_params import RequestStats
 from kvstrata.metrics import PREFIX as P
 from kvstrata.metrics.classes import ClassCollector
 from kvstrata.metrics.tiers import TierCollector
@@ -24,13 +26,44 @@ stats_log = logging.getLogger("kvstrata.request_stats")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.25, 0.5, 1.0, 2.5)
 SPEC_LENGTH_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# slack = target - what a request got, seconds: negative buckets are the misses, by how much
+SLACK_BUCKETS = (-30.0, -10.0, -5.0, -2.0, -1.0, -0.5, -0.2, -0.1, -0.05, 0.0, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+@dataclass(frozen=True)
+class LatencyTargets:
+    """What a finished request is counted against (`--ttft-target-ms`, `--tpot-target-ms`), in seconds."""
+
+    ttft_s: float = 2.0
+    tpot_s: float = 0.2
+
+    def slack(self, s: RequestStats) -> tuple[float | None, float | None]:
+        """(TTFT slack, TPOT slack) of a finished request: target minus what it got; None where it has no
+        such time (no token; one token has no time per output token)."""
+        ttft = None if s.first_token is None else self.ttft_s - (s.first_token - s.arrival)
+        tpot = None
+        if s.first_token is not None and s.finished is not None and s.output_tokens > 1:
+            tpot = self.tpot_s - (s.finished - s.first_token) / (s.output_tokens - 1)
+        return ttft, tpot
 
 
 class Metrics:
-    def __init__(self, log_request_stats: bool = False) -> None:
+    def __init__(self, log_request_stats: bool = False, targets: LatencyTargets | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.log_request_stats = log_request_stats
+        self.targets = targets or LatencyTargets()
+        self.goodput = Counter(
+            P + "request_goodput", "Finished requests that met both latency targets, or missed one", ["slo"],
+            registry=r)
+        for slo in ("met", "missed"):
+            self.goodput.labels(slo=slo)
+        self.ttft_slack = Histogram(
+            P + "request_ttft_slack_seconds", "TTFT target minus a finished request's TTFT", buckets=SLACK_BUCKETS,
+            registry=r)
+        self.tpot_slack = Histogram(
+            P + "request_tpot_slack_seconds", "TPOT target minus a finished request's mean time per output token",
+            buckets=SLACK_BUCKETS, registry=r)
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter(P + "generation_tokens", "Generated tokens", registry=r)
         self.cache_queries = Counter(
@@ -126,11 +159,24 @@ class Metrics:
             self.ttft.observe(s.first_token - s.arrival)
         if s.finished is not None:
             self.e2e.observe(s.finished - s.arrival)
+        self._observe_slack(out)
         if self.log_request_stats:
             fields = s.as_log_fields(out.finish_reason)
             stats_log.info(
                 "request_stats request_id=%s %s", rid, " ".join(f"{k}={v}" for k, v in fields.items())
             )
+
+    def _observe_slack(self, out: RequestOutput) -> None:
+        """Goodput and slack of a request that ended with tokens (stop or length): one that failed or was
+        aborted is in request_success_total alone."""
+        if out.finish_reason not in ("stop", "length"):
+            return
+        ttft, tpot = self.targets.slack(out.stats)
+        for slack, histogram in ((ttft, self.ttft_slack), (tpot, self.tpot_slack)):
+            if slack is not None:
+                histogram.observe(slack)
+        met = ttft is not None and ttft >= 0 and (tpot is None or tpot >= 0)
+        self.goodput.labels(slo="met" if met else "missed").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
