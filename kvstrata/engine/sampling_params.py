@@ -169,14 +169,19 @@ class RequestStats:
     retention: str = "in_memory"  # the request's prompt_cache_retention
     spec: SpecStats | None = None  # speculative decoding: the request's drafter's counts (engine/spec/)
 
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean seconds per output token after the first; None before the end or with fewer than 2 tokens."""
+        if self.first_token is None or self.finished is None or self.output_tokens < 2:
+            return None
+        return (self.finished - self.first_token) / (self.output_tokens - 1)
+
     def as_log_fields(self, finish_reason: str | None) -> dict[str, object]:
         def ms(a: float | None, b: float | None) -> float | None:
             return None if a is None or b is None else round((b - a) * 1000.0, 2)
 
-        decode_s = None if self.first_token is None or self.finished is None else self.finished - self.first_token
-        decode_tps = (
-            round((self.output_tokens - 1) / decode_s, 2) if decode_s and self.output_tokens > 1 else None
-        )
+        tpot = self.tpot_s
+        decode_tps = round(1.0 / tpot, 2) if tpot else None
         return {
             "prompt_tokens": self.prompt_tokens,
             "cache_tokens": self.cached_tokens,

@@ -41,10 +41,8 @@ class LatencyTargets:
         """(TTFT slack, TPOT slack) of a finished request: target minus what it got; None where it has no
         such time (no token; one token has no time per output token)."""
         ttft = None if s.first_token is None else self.ttft_s - (s.first_token - s.arrival)
-        tpot = None
-        if s.first_token is not None and s.finished is not None and s.output_tokens > 1:
-            tpot = self.tpot_s - (s.finished - s.first_token) / (s.output_tokens - 1)
-        return ttft, tpot
+        tpot = s.tpot_s
+        return ttft, None if tpot is None else self.tpot_s - tpot
 
 
 class Metrics:

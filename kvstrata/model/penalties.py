@@ -38,9 +38,10 @@ class PenaltyRow:
 def _padded(lists: list[list[int]], pad: int) -> torch.Tensor:
     """[len(lists), longest] long, each list padded with `pad` (a scratch column past the vocabulary)."""
     width = max(len(x) for x in lists)
+    if width == 0:
+        return torch.empty(len(lists), 0, dtype=torch.long)
     flat = array("q", itertools.chain.from_iterable(x + [pad] * (width - len(x)) for x in lists))
-    return torch.frombuffer(flat, dtype=torch.long).view(len(lists), width) if width else torch.empty(len(lists), 0,
-                                                                                                      dtype=torch.long)
+    return torch.frombuffer(flat, dtype=torch.long).view(len(lists), width)
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[PenaltyRow]) -> None:

@@ -44,6 +44,7 @@ class Tokenizer:
         if chat_template:
             eos += [self.token_to_id(t) for t in END_OF_TURN_TOKENS if t in chat_template]
         self._eos_token_ids = tuple(dict.fromkeys(i for i in eos if i is not None))
+        self._texts: dict[int, str] = {}  # token_text's, filled as logprobs name tokens (at most the vocabulary)
 
     @classmethod
     def from_path(cls, path: str | Path) -> Tokenizer:
@@ -85,8 +86,11 @@ class Tokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def token_text(self, token_id: int) -> str:
-        """One token's own text, special tokens included (logprobs name tokens by it)."""
-        return self.decode([token_id], skip_special_tokens=False)
+        """One token's own text, special tokens included (logprobs name tokens by it); decoded once a token."""
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self.decode([token_id], skip_special_tokens=False)
+        return text
 
     def apply_chat_template(
         self,

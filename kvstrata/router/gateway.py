@@ -25,7 +25,7 @@ from starlette.background import BackgroundTask
 
 from kvstrata.config import RouterConfig
 from kvstrata.router.key_affinity import KeyAffinity, affinity_key
-from kvstrata.router.policy import CostAware, Decision, make_policy
+from kvstrata.router.policy import Decision, make_policy
 from kvstrata.router.prompt import Prompt, PromptHasher
 from kvstrata.metrics.gateway import RouterMetrics
 from kvstrata.router.passthrough import Release, any_rank, finish, passthrough
@@ -160,9 +160,7 @@ class Gateway:
         decision = self.policy.choose(loads, n, shared)
         key = affinity_key(body, headers or {})
         if key is not None:  # the same session sticks to one rank (key_affinity.py)
-            policy = self.policy
-            cost = (lambda r: policy.cost(r, n, shared)) if isinstance(policy, CostAware) else None
-            decision = self.affinity.route(key, loads, decision, n, cost)
+            decision = self.affinity.route(key, loads, decision, n, self.policy.session_cost(n, shared))
         chosen = next(r for r in loads if r.rank == decision.rank)
         return next(w for w in ready if w.rank == decision.rank), decision, max(n - chosen.match_tokens, 0)
 

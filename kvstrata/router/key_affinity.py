@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 from kvstrata.config import RouterConfig
-from kvstrata.router.policy import Decision, RankLoad
+from kvstrata.router.policy import Decision, RankLoad, overloaded
 from kvstrata.serving.messages.cache_hints import session_key
 
 MAX_KEYS = 65536
@@ -60,10 +60,6 @@ class KeyAffinity:
     def __len__(self) -> int:
         return len(self._rank)
 
-    def overloaded(self, rank: RankLoad, ranks: Sequence[RankLoad]) -> bool:
-        lo = min(r.requests for r in ranks)
-        return rank.requests - lo > self.cfg.balance_abs_threshold and rank.requests > lo * self.cfg.balance_rel_threshold
-
     def stays(self, load: RankLoad, ranks: Sequence[RankLoad], policy_choice: Decision,
               cost: Callable[[RankLoad], int] | None, prompt_tokens: int = 0) -> bool:
         if self.cfg.session_affinity == "hard":
@@ -73,7 +69,7 @@ class KeyAffinity:
             # other text is still the session's: moving it is what costs its cache)
             pick = next((r for r in ranks if r.rank == policy_choice.rank), load)
             return cost(replace(load, match_tokens=max(load.match_tokens, prompt_tokens))) <= cost(pick)
-        return not self.overloaded(load, ranks)
+        return not overloaded(load.requests, ranks, self.cfg)
 
     def route(self, key: bytes, ranks: Sequence[RankLoad], policy_choice: Decision, prompt_tokens: int = 0,
               cost: Callable[[RankLoad], int] | None = None) -> Decision:

@@ -43,6 +43,12 @@ class Decision:
     match_ratio: float = 0.0  # the chosen rank's cached share of the prompt
 
 
+def overloaded(requests: int, ranks: Sequence[RankLoad], cfg: RouterConfig) -> bool:
+    """SGLang router's imbalance test: `requests` in flight are too many beside the least loaded rank's."""
+    lo = min(r.requests for r in ranks)
+    return requests - lo > cfg.balance_abs_threshold and requests > lo * cfg.balance_rel_threshold
+
+
 class Policy:
     name = "base"
     needs_match = False  # whether the gateway must tokenize and match the prompt
@@ -61,6 +67,11 @@ class Policy:
         best = min(ranks, key=lambda r: (r.tokens, r.requests, (r.rank - self._turn) % n))
         self._turn = best.rank + 1
         return best
+
+    def session_cost(self, prompt_tokens: int, shared_tokens: int = 0) -> Callable[[RankLoad], int] | None:
+        """A rank's cost for this prompt, when the policy routes by cost: a session then stays on its rank
+        while that is not dearer (key_affinity.py); None: it stays while its rank is not overloaded."""
+        return None
 
     @staticmethod
     def ratio(rank: RankLoad, prompt_tokens: int) -> float:
@@ -90,9 +101,7 @@ class CacheAware(Policy):
     needs_match = True
 
     def balanced(self, ranks: Sequence[RankLoad]) -> bool:
-        lo = min(r.requests for r in ranks)
-        hi = max(r.requests for r in ranks)
-        return not (hi - lo > self.cfg.balance_abs_threshold and hi > lo * self.cfg.balance_rel_threshold)
+        return not overloaded(max(r.requests for r in ranks), ranks, self.cfg)
 
     def choose(self, ranks: Sequence[RankLoad], prompt_tokens: int, shared_tokens: int = 0) -> Decision:
         if not self.balanced(ranks):
@@ -114,6 +123,9 @@ class CostAware(Policy):
         """Predicted time to first token there, in prompt tokens, the shared prefix priced as held there."""
         uncached = max(prompt_tokens - max(rank.match_tokens, shared_tokens), 0)
         return rank.prefill_tokens + uncached + self.cfg.decode_cost_tokens * rank.requests
+
+    def session_cost(self, prompt_tokens: int, shared_tokens: int = 0) -> Callable[[RankLoad], int] | None:
+        return lambda r: self.cost(r, prompt_tokens, shared_tokens)
 
     def choose(self, ranks: Sequence[RankLoad], prompt_tokens: int, shared_tokens: int = 0) -> Decision:
         costs = {r.rank: self.cost(r, prompt_tokens, shared_tokens) for r in ranks}

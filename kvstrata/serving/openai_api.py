@@ -10,7 +10,6 @@ client that disconnects aborts its engine requests: non-streaming routes poll
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 import uuid
@@ -99,7 +98,7 @@ async def _serve(
 ) -> Response:
     request_id = _request_id(chat)
     params = prepared.params
-    token_text = functools.lru_cache(maxsize=None)(engine.tokenizer.token_text) if params.logprobs is not None else None
+    token_text = engine.tokenizer.token_text if params.logprobs is not None else None
     shape = ResponseShape(chat, request_id, engine.served_model_name, tool_format=prepared.tool_format,
                           reasoning=prepared.reasoning, token_text=token_text, echo=prepared.echo, n=params.n)
     jobs = fan_out(request_id, prepared)

@@ -4,8 +4,7 @@
 prompt; both check the model name, prompt lengths and ids, and clamp max_tokens to the room
 left in the context (see protocol.py's docstring for the rules). `prepare_chat` also resolves how
 the reply's reasoning is split off (`reply_reasoning`: `--reasoning-parser` and the request's thinking).
-`render_chat` and `check_context_length` are the template rendering and the length rule alone, which
-/tokenize (tokenize_api.py) shares.
+`render_chat` is the template rendering alone, which /tokenize (tokenize_api.py) shares.
 """
 from __future__ import annotations
 
@@ -49,15 +48,6 @@ def check_model(model: str | None, engine: AsyncEngine) -> None:
         raise APIError(404, msg, param="model", code="model_not_found")
 
 
-def check_context_length(num_tokens: int, limit: int, param: str) -> None:
-    """400 context_length_exceeded naming `param` unless a prompt this long leaves room for a generated token."""
-    if num_tokens >= limit:
-        raise InvalidRequestError(
-            f"the prompt has {num_tokens} tokens but the model's maximum context is {limit} tokens "
-            f"(including at least 1 generated token); shorten the prompt", param, "context_length_exceeded",
-        )
-
-
 def _finish(
     req: _SamplingRequest, engine: AsyncEngine, prompts: list[list[int]], max_tokens: int | None, default: int | None
 ) -> PreparedRequest:
@@ -70,7 +60,12 @@ def _finish(
         if bad:
             msg = f"prompt token ids {bad[:8]} are outside the vocabulary [0, {vocab})"
             raise InvalidRequestError(msg, "prompt")
-        check_context_length(len(ids), limit, "messages" if isinstance(req, ChatCompletionRequest) else "prompt")
+        if len(ids) >= limit:
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens but the model's maximum context is {limit} tokens "
+                f"(including at least 1 generated token); shorten the prompt",
+                "messages" if isinstance(req, ChatCompletionRequest) else "prompt", "context_length_exceeded",
+            )
     if max_tokens is not None and max_tokens >= limit:
         name = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
         raise InvalidRequestError(

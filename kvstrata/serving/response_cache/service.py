@@ -107,8 +107,7 @@ BYPASS = Ticket("bypass")
 
 def _scored(req: BaseModel) -> bool:
     """Logprobs and echo are answered by the engine every time: a stored result keeps the text only."""
-    return bool(getattr(req, "logprobs", None) is not None and getattr(req, "logprobs", None) is not False
-                or getattr(req, "echo", False))
+    return getattr(req, "logprobs", None) not in (None, False) or bool(getattr(req, "echo", False))
 
 
 class ResponseCacheService:

@@ -14,7 +14,6 @@ leaves is aborted (disconnect.py), as on the chat routes."""
 from __future__ import annotations
 
 import asyncio
-import functools
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -102,7 +101,7 @@ def install_responses_route(app: FastAPI, state: ServerState, store: ResponseSto
         except InvalidRequestError as exc:  # a bad tool named where the client wrote it
             raise tools.client_error(exc) from None
         prepared = scoped_to_tenant(prepared, tenant)
-        token_text = functools.lru_cache(maxsize=None)(engine.tokenizer.token_text) if req.logprobs else None
+        token_text = engine.tokenizer.token_text if req.logprobs else None
         plan = OutputPlan(prepared.tool_format, prepared.reasoning, tools, req.encrypted_reasoning, token_text)
         response_id = new_id("resp")
         header = ResponseHeader(response_id, engine.served_model_name, req.model_dump(exclude_none=True))
