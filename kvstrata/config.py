@@ -204,6 +204,18 @@ class SchedulerConfig:
     max_queue_requests: int = opt(
         1024, "most requests waiting for admission; beyond it new requests get 429 with Retry-After", min=1
     )
+    scheduling_policy: str = opt(
+        "slo",
+        "slo: steps sized by time while requests decode (--tpot-target-ms) and prompts ordered so the most first "
+        "tokens meet --ttft-target-ms (docs/scheduling.md); fcfs: steps sized by tokens, prompts by arrival",
+        choices=["slo", "fcfs"],
+    )
+    ttft_target_ms: float = opt(
+        2000.0, "the time-to-first-token target: the slo policy orders prompts by it; a finished request is counted "
+        "against it (goodput and slack in /metrics)", min=1)
+    tpot_target_ms: float = opt(
+        200.0, "the time-per-output-token target: under the slo policy a step with decode rows takes only the "
+        "prefill that keeps it within this; a finished request's mean is counted against it (/metrics)", min=1)
 
 
 @dataclass(frozen=True)
@@ -211,12 +223,6 @@ class ServerConfig:
     host: str = opt("127.0.0.1", "address to listen on")
     port: int = opt(8000, "port to listen on", min=0, max=65535)
     enable_log_request_stats: bool = opt(False, "log one key=value line per finished request")
-    ttft_target_ms: float = opt(
-        2000.0, "the time-to-first-token target a finished request is counted against (goodput and slack in "
-        "/metrics)", min=1)
-    tpot_target_ms: float = opt(
-        200.0, "the mean time-per-output-token target (after the first token) a finished request is counted "
-        "against (goodput and slack in /metrics)", min=1)
     log_level: str = opt("info", "log level", choices=["debug", "info", "warning", "error"])
     # Response cache (kvstrata/serving/response_cache/); EnergonAI's flag spellings as aliases.
     response_cache_size: int = opt(

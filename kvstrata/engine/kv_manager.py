@@ -53,6 +53,13 @@ class KVCacheManager:
             return True
         return self.tiers.prefetch_ready(req.request_id, req.token_ids, req.params.extra_key)
 
+    def cached_tokens(self, req: Request) -> int:
+        """Prompt tokens a waiting request would find in L1 now (read-only, nothing locked): the scheduler's
+        estimate of the work it saves. L2/L3 hits are not counted: such a prompt is estimated as more work than it is."""
+        if self.cache is None or req.params.prompt_logprobs is not None:
+            return 0
+        return self.cache.match(req.token_ids, req.params.extra_key).num_tokens
+
     def admit(self, req: Request) -> CacheHit:
         """Match the request's tokens in L1 then L2 and lock the hit (L2 pages are copied into
         fresh L1 pages and cached there first)."""

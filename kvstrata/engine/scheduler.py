@@ -1,29 +1,38 @@
-"""Scheduler: continuous batching with chunked prefill, a token budget, FCFS and preemption.
+"""Scheduler: continuous batching with chunked prefill, a token budget, two prefill policies and preemption.
 
-Each step first gives every decoding request its next token (decode rows stay in every step),
-then spends what is left of `max_num_batched_tokens` on prefills first-come-first-served: the
-oldest prefilling request (by arrival) takes as much as it needs, the next one the rest, so the
-earliest prompt finishes first instead of every prompt advancing by a chunk and all finishing
-late; only what does not fit is chunked (`chunked_prefill_size`, default none, caps one request's
-share). Then it admits waiting requests first-come-first-served while pages, the budget and
-`max_num_seqs` allow; a request whose prefix is
-being prefetched from L3 (`KVCacheManager.ready`) keeps its place while the ones behind it go on. When a running request
-cannot get pages, the most recently admitted request is preempted by recompute: its pages go back
-(its computed full pages stay in the prefix cache) and it re-enters the front of the queue with
-its generated tokens, so it resumes and finishes with the same output.
-With the prefix cache on, a waiting request whose prompt shares pages that a running request is
-still prefilling also keeps its place until they are cached (prefill_dedup.py: computed once).
+Each step first gives every decoding request its next token (decode rows stay in every step), then spends
+what is left of `max_num_batched_tokens` on prompts in the policy's order: the first takes as much as it
+needs, the next one the rest, so prompts finish one after another instead of each advancing by a chunk and
+all finishing late; only what does not fit is chunked (`chunked_prefill_size`, default none, caps one
+request's share). Waiting requests are admitted in that order too while pages, the budget and `max_num_seqs`
+allow.
+- `fcfs`: running prompts, then waiting ones, each by priority then arrival; steps sized by tokens alone.
+- `slo` (the default): running and waiting prompts together in prefill_plan.py's order (the most first tokens
+  within `ttft_target_ms`, late ones yield, aged ones go first), and while requests decode a step takes only
+  the prefill that keeps its predicted time (step_timer.py, learnt from the steps run) within `tpot_target_ms`.
+A request whose prefix is being prefetched from L3 (`KVCacheManager.ready`) keeps its place while the ones
+behind it go on; with the prefix cache on, so does one whose prompt shares pages that a running request is
+still prefilling, until they are cached (prefill_dedup.py: computed once). When a running request cannot get
+pages, the lowest-priority, most recently admitted request is preempted by recompute: its pages go back (its
+computed full pages stay in the prefix cache) and it re-enters the queue with its generated tokens, so it
+resumes and finishes with the same output.
 """
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvstrata.config import SchedulerConfig
 from kvstrata.engine.kv_manager import KVCacheManager
 from kvstrata.engine.prefill_dedup import follows_inflight_prefill
+from kvstrata.engine.prefill_plan import Prompt, slo_order
 from kvstrata.engine.request import Request, RequestStatus
+from kvstrata.engine.step_timer import StepShape, StepTimer, chunk_pairs
+
+MIN_STEP_PREFILL = 32  # prompt tokens a step with decode rows still takes under slo, however long they run
+ESTIMATE_TTL_S = 0.5  # how long a waiting request's cached-prefix estimate is used before it is looked up again
 
 
 @dataclass
@@ -39,10 +48,38 @@ class ScheduledBatch:
         """The tokens drafted after request i's last token (engine/spec/), verified in this step."""
         return self.drafts.get(i, [])
 
+    def shape(self) -> StepShape:
+        """The batch's features for the step timer (before the step: tokens computed so far)."""
+        rows = tokens = context = 0
+        pairs = 0.0
+        for i, (r, n) in enumerate(zip(self.requests, self.num_tokens)):
+            own = n - len(self.draft(i))
+            if own > 1:
+                tokens += own
+                pairs += chunk_pairs(r.num_computed_tokens, own)
+            else:
+                rows += n
+                context += r.num_computed_tokens
+        return StepShape(rows, tokens, pairs, context)
+
     def samples(self, i: int) -> bool:
         """Whether request i reaches the end of its known tokens this step (so it samples)."""
         r = self.requests[i]
         return r.num_computed_tokens + self.num_tokens[i] - len(self.draft(i)) == r.num_tokens
+
+
+@dataclass
+class _Step:
+    """One schedule() call's state."""
+
+    batch: ScheduledBatch
+    budget: int  # tokens left
+    seconds: float | None = None  # prefill time left (slo, with decode rows); None: tokens alone
+    prefill_tokens: int = 0  # prompt tokens taken so far
+    preempted: set[Request] = field(default_factory=set)
+    finishing: bool = False  # a prompt finishes its prefill in this step
+    closed: bool = False  # ... and another's partial chunk was held back: no more prefills
+    admitting: bool = True  # a waiting request did not fit: none after it is admitted this step
 
 
 class Scheduler:
@@ -53,6 +90,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self.dedup_prefill = cfg.dedup_prefill and kv.cache is not None
+        self.timer = StepTimer()  # fed by the engine after every step
+        self.clock: Callable[[], float] = time.monotonic
+        self._estimates: dict[Request, tuple[float, int]] = {}  # waiting request -> (when, cached tokens)
 
     def can_add(self) -> bool:
         """Whether the waiting queue has room (`max_queue_requests`); preempted requests skip this."""
@@ -77,8 +117,14 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _chunk(self, req: Request, budget: int) -> int:
-        return min(req.num_uncomputed, self.cfg.chunked_prefill_size or budget, budget)
+    def _chunk(self, req: Request, s: _Step) -> int:
+        """Tokens `req` computes in the step: what it needs, within the chunk size, the step's tokens and (a
+        prompt, under slo) the step's prefill time."""
+        n = min(req.num_uncomputed, self.cfg.chunked_prefill_size or s.budget, s.budget)
+        if n > 1 and s.seconds is not None:  # the step's first prompt chunk gets at least MIN_STEP_PREFILL tokens
+            floor = 0 if s.prefill_tokens else MIN_STEP_PREFILL
+            n = min(n, max(floor, self.timer.prefill_tokens_within(s.seconds, req.num_computed_tokens)))
+        return n
 
     def _holds_back(self, req: Request, n: int, finishing: bool) -> bool:
         """Finish-first: once a prompt finishes its prefill in this step, no other prompt starts a
@@ -90,11 +136,6 @@ class Scheduler:
     @staticmethod
     def _finishes(req: Request, n: int) -> bool:
         return req.num_uncomputed > 1 and n == req.num_uncomputed  # a prefill that reaches its first token
-
-    @staticmethod
-    def _order(req: Request) -> tuple[int, int, float]:
-        """Decode rows (one token left to compute) first, then prefills by priority, oldest-arrival first."""
-        return (0, 0, 0.0) if req.num_uncomputed == 1 else (1, req.params.priority, req.stats.arrival)
 
     def _preempt(self, req: Request) -> None:
         self.kv.release(req)
@@ -109,66 +150,114 @@ class Scheduler:
         return self.running.pop(i)
 
     def schedule(self) -> ScheduledBatch:
-        batch = ScheduledBatch()
-        budget = self.cfg.max_num_batched_tokens
-        preempted: set[Request] = set()
-        finishing = closed = False  # a prompt finishes in this step; no more prefills join it
-        for req in sorted(self.running, key=self._order):
-            if budget <= 0:
+        s = _Step(ScheduledBatch(), self.cfg.max_num_batched_tokens)
+        for req in [r for r in self.running if r.num_uncomputed == 1]:  # decode rows first, in running order
+            if s.budget <= 0 or not self._run(s, req, 1):
                 break
-            if req in preempted:
-                continue
-            n = self._chunk(req, budget)
-            if self._holds_back(req, n, finishing):
-                closed = True
+        s.seconds = self._prefill_seconds(s.batch)
+        for req in self._prefill_order():
+            if s.budget <= 0 or s.closed or (s.prefill_tokens and s.seconds is not None and s.seconds <= 0):
                 break
-            while not self.kv.can_allocate(req, n):
-                victim = self._victim()  # scheduled this step or not
-                if victim in batch.requests:
-                    j = batch.requests.index(victim)
-                    del batch.requests[j]
-                    budget += batch.num_tokens.pop(j)
-                self._preempt(victim)
-                preempted.add(victim)
-                if victim is req:
+            if req.status is RequestStatus.RUNNING:
+                if req in s.preempted:
+                    continue
+                n = self._chunk(req, s)
+                if n <= 0:
                     break
-            else:
-                finishing = finishing or self._finishes(req, n)
-                self.kv.allocate(req, n)
-                batch.requests.append(req)
-                batch.num_tokens.append(n)
-                budget -= n
-                continue
-            break
-        w = 0  # requests whose prefix is coming from L3 or being prefilled wait in place; the ones behind go on
-        while (w < len(self.waiting) and budget > 0 and not preempted and not closed
-               and len(self.running) < self.cfg.max_num_seqs):
-            req = self.waiting[w]
-            if not self.kv.ready(req) or (
-                self.dedup_prefill and follows_inflight_prefill(req, self.running, self.kv.page_size)
-            ):
-                w += 1
-                continue
-            hit = self.kv.admit(req)  # waiting requests hold no pages
-            n = self._chunk(req, budget)
-            if self._holds_back(req, n, finishing) or not self.kv.can_allocate(req, n):
-                self.kv.release(req)  # give the lock back; try again next step
-                break
-            del self.waiting[w]
-            if not req.admitted_once:
-                req.admitted_once = True
-                req.stats.cached_tokens = hit.tokens
-                req.stats.tier_tokens.update(hit.by_tier())
-            if req.stats.scheduled is None:
-                req.stats.scheduled = time.monotonic()
-            req.status = RequestStatus.RUNNING
-            finishing = finishing or self._finishes(req, n)
-            self.kv.allocate(req, n)
-            self.running.append(req)
-            batch.requests.append(req)
-            batch.num_tokens.append(n)
-            budget -= n
-        return batch
+                if self._holds_back(req, n, s.finishing):
+                    s.closed = True
+                elif not self._run(s, req, n):
+                    break
+            elif s.admitting and not s.preempted and len(self.running) < self.cfg.max_num_seqs:
+                self._admit(s, req)
+        return s.batch
+
+    def _run(self, s: _Step, req: Request, n: int) -> bool:
+        """Give running `req` n tokens of the step, preempting others (or itself) for pages; False once it
+        was preempted itself: the step takes nothing more."""
+        while not self.kv.can_allocate(req, n):
+            victim = self._victim()  # scheduled this step or not
+            if victim in s.batch.requests:
+                j = s.batch.requests.index(victim)
+                del s.batch.requests[j]
+                s.budget += s.batch.num_tokens.pop(j)
+            self._preempt(victim)
+            s.preempted.add(victim)
+            if victim is req:
+                return False
+        self._take(s, req, n)
+        return True
+
+    def _admit(self, s: _Step, req: Request) -> None:
+        """Admit waiting `req` into the step if it may start now; a request whose prefix is coming from L3 or
+        being prefilled by another keeps its place while the ones behind it go on; one that does not fit stops
+        admission for this step."""
+        if not self.kv.ready(req) or (self.dedup_prefill and follows_inflight_prefill(req, self.running, self.kv.page_size)):
+            return
+        hit = self.kv.admit(req)  # waiting requests hold no pages
+        n = self._chunk(req, s)
+        if self._holds_back(req, n, s.finishing) or n <= 0 or not self.kv.can_allocate(req, n):
+            self.kv.release(req)  # give the lock back; try again next step
+            s.admitting = False
+            s.closed = s.closed or self._holds_back(req, n, s.finishing)
+            return
+        self.waiting.remove(req)
+        self._estimates.pop(req, None)
+        if not req.admitted_once:
+            req.admitted_once = True
+            req.stats.cached_tokens = hit.tokens
+            req.stats.tier_tokens.update(hit.by_tier())
+        if req.stats.scheduled is None:
+            req.stats.scheduled = time.monotonic()
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        self._take(s, req, n)
+
+    def _take(self, s: _Step, req: Request, n: int) -> None:
+        if req.num_uncomputed > 1:
+            s.prefill_tokens += n
+            if s.seconds is not None:
+                s.seconds -= self.timer.prefill_seconds(req.num_computed_tokens, n)
+        s.finishing = s.finishing or self._finishes(req, n)
+        self.kv.allocate(req, n)
+        s.batch.requests.append(req)
+        s.batch.num_tokens.append(n)
+        s.budget -= n
+
+    # -- the slo policy (prefill_plan.py, step_timer.py) ------------------------------------------
+    def _prefill_seconds(self, batch: ScheduledBatch) -> float | None:
+        """The time prefill may take in a step whose decode rows are `batch`: what keeps the step within the
+        TPOT target (the step's first prompt chunk still gets MIN_STEP_PREFILL tokens); None (tokens alone size the step) under fcfs,
+        without decode rows, or before the step timer has learnt this host."""
+        if self.cfg.scheduling_policy != "slo" or not batch or not self.timer.ready:
+            return None
+        return self.cfg.tpot_target_ms / 1000.0 - self.timer.predict(batch.shape())
+
+    def _prefill_order(self) -> list[Request]:
+        """Running prefills then waiting requests under fcfs (each by priority, then arrival); under slo both
+        together in prefill_plan's order."""
+        prefilling = [r for r in self.running if r.num_uncomputed > 1]
+        if self.cfg.scheduling_policy != "slo":
+            return sorted(prefilling, key=lambda r: (r.params.priority, r.stats.arrival)) + list(self.waiting)
+        now = self.clock()
+        decode = ScheduledBatch([r for r in self.running if r.num_uncomputed == 1])
+        decode.num_tokens = [1] * len(decode.requests)
+        step = self.cfg.tpot_target_ms / 1000.0
+        # while requests decode, prefill gets only what a step has left: its work takes that much longer
+        stretch = 1.0 / max(0.25, 1.0 - self.timer.predict(decode.shape()) / step) if decode and self.timer.ready else 1.0
+        prompts = [Prompt(r, stretch * self._work(r, now)) for r in prefilling + list(self.waiting)]
+        return slo_order(prompts, now, self.cfg.ttft_target_ms / 1000.0)
+
+    def _work(self, req: Request, now: float) -> float:
+        """Predicted seconds of prefill left for `req`; a waiting request's cached prefix re-estimated every
+        ESTIMATE_TTL_S (the cache fills as other prompts run)."""
+        if req.status is RequestStatus.RUNNING:
+            return self.timer.prefill_seconds(req.num_computed_tokens, req.num_uncomputed)
+        at, cached = self._estimates.get(req, (-1e9, 0))
+        if now - at > ESTIMATE_TTL_S:
+            cached = self.kv.cached_tokens(req)
+            self._estimates[req] = (now, cached)
+        return self.timer.prefill_seconds(cached, req.num_tokens - cached)
 
     def advance(self, req: Request, n: int) -> None:
         """Mark `n` more of the request's tokens computed (their K/V is in its pages; a verify step's
@@ -185,6 +274,7 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        self._estimates.pop(req, None)
         self.kv.release(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason

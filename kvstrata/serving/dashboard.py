@@ -1,6 +1,7 @@
 """`GET /dashboard`: one self-contained HTML page (static/dashboard.html, package data) that polls
-`./metrics` about once a second and charts hit rate per tier, response-cache hits, TTFT p50/p99,
-requests running/waiting and KV pool usage. No CDN, no JS library: canvas drawn by hand.
+`./metrics` about once a second and charts hit rate per tier, response-cache hits, TTFT p50/p99, the
+share of requests that met both latency targets with the median slack of each, requests running/waiting
+and KV pool usage. No CDN, no JS library: canvas drawn by hand.
 
 `install_dashboard_route(app)` mounts it on any FastAPI app that also serves `/metrics` in
 kvstrata's (or vLLM's) Prometheus names: the server does, and so does the DP gateway, whose

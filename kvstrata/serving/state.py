@@ -38,9 +38,9 @@ class ServerState:
     def __post_init__(self) -> None:
         self.api_keys = ApiKeys.from_config(self.server_cfg)  # ValueError on a bad --api-key-file
         self.lifecycle = Lifecycle()
-        cfg = self.server_cfg
-        self.metrics = Metrics(log_request_stats=cfg.enable_log_request_stats,
-                               targets=LatencyTargets(cfg.ttft_target_ms / 1000.0, cfg.tpot_target_ms / 1000.0))
+        sched = self.sched_cfg
+        self.metrics = Metrics(log_request_stats=self.server_cfg.enable_log_request_stats,
+                               targets=LatencyTargets(sched.ttft_target_ms / 1000.0, sched.tpot_target_ms / 1000.0))
         # raises ValueError on a bad --response-cache-* flag: refused at start, before the port binds
         tenants = set(self.api_keys.tenants.values()) if self.api_keys.enabled else {None}
         self.response_cache = ResponseCacheService(self.server_cfg, self.metrics, tenants)

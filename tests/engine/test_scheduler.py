@@ -251,3 +251,52 @@ def test_pages_running_short_preempt_the_lowest_priority(tiny_model_dir: Path) -
         preempted += [r.request_id for r in running if r.status is RequestStatus.WAITING]
     assert preempted and set(preempted) == {"low"}
     eng.check_integrity()
+
+
+def _burst(tiny_model_dir: Path, policy: str) -> Any:
+    """Two requests decoding, then a burst: a 1,900-token prompt (the oldest) and three of 100 tokens. The step
+    timer is set (10 ms a step, 5 ms a row, 1 ms a prompt token) and the clock stopped at 100 s: no timing."""
+    llm = make(tiny_model_dir, max_num_batched_tokens=512, enable_prefix_caching=False, scheduling_policy=policy,
+               ttft_target_ms=2000, tpot_target_ms=200)
+    eng = llm.engine
+    for i, p in enumerate(prompts(2, 10, 10, seed=11)):
+        eng.add_request(f"d{i}", p, replace(GREEDY, max_tokens=40))
+    batch = eng.scheduler.schedule()
+    eng.postprocess(batch, eng.runner.run(batch))
+    eng.scheduler.timer.set_coefficients((0.01, 0.005, 0.001, 0.0, 0.0))
+    eng.scheduler.clock = lambda: 100.0
+    big, *small = prompts(4, 100, 100, seed=12)
+    for name, p, arrival in [("big", big * 19, 99.0), ("s1", small[0], 99.1), ("s2", small[1], 99.2),
+                             ("s3", small[2], 99.3)]:
+        eng.add_request(name, p, replace(GREEDY, max_tokens=4))
+        eng._requests[name].stats.arrival = arrival
+    return eng
+
+
+def _steps(eng: Any, n: int) -> list[list[tuple[str, int]]]:
+    out = []
+    for _ in range(n):
+        batch = eng.scheduler.schedule()
+        out.append([(r.request_id, k) for r, k in zip(batch.requests, batch.num_tokens)])
+        eng.postprocess(batch, eng.runner.run(batch))
+    return out
+
+
+def test_slo_serves_the_prompts_that_can_make_their_target_in_steps_sized_by_time(tiny_model_dir: Path) -> None:
+    """Under slo the 1.9 s prompt cannot make its 2 s target behind the decodes (each step leaves prefill 200 ms
+    less the decode rows' share), so the three short ones go first, one a step: each step takes what its time
+    allows (180, 175, 170 ms of prefill), and a partial chunk behind a finishing prompt is held back. Then the big
+    one in chunks of what is left of 200 ms. Under fcfs it takes the whole token budget first."""
+    eng = _burst(tiny_model_dir, "slo")
+    steps = _steps(eng, 4)
+    assert steps[0] == [("d0", 1), ("d1", 1), ("s1", 100)]  # 180 ms: s2's 80-token chunk held back
+    assert steps[1] == [("d0", 1), ("d1", 1), ("s1", 1), ("s2", 100)]
+    assert steps[2] == [("d0", 1), ("d1", 1), ("s1", 1), ("s2", 1), ("s3", 100)]
+    # 10 + 5 rows x 5 ms = 35 ms of decode: 165 prompt tokens
+    assert steps[3] == [("d0", 1), ("d1", 1), ("s1", 1), ("s2", 1), ("s3", 1), ("big", 165)]
+    while eng.has_unfinished():
+        eng.step()
+    eng.check_integrity()
+
+    fcfs = _burst(tiny_model_dir, "fcfs")
+    assert _steps(fcfs, 1)[0] == [("d0", 1), ("d1", 1), ("big", 510)]

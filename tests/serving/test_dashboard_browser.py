@@ -56,6 +56,7 @@ def test_dashboard_shows_live_figures(engine: AsyncEngine, tmp_path: Path) -> No
             assert after["ttft-p50"].endswith("ms") and after["ttft-p50"] != before["ttft-p50"], after
             assert after["kv-usage"].endswith("%")
             assert text("running") == "0" and text("waiting") == "0"
+            assert text("goodput").endswith("%") and text("ttft-slack").endswith("ms"), text("goodput")
             page.screenshot(path=str(shot), full_page=True)
         finally:
             browser.close()

@@ -1,0 +1,67 @@
+"""The order prompts are prefilled in under `--scheduling-policy slo`: as many first tokens within the TTFT
+target as the work allows, none dropped, none starved.
+
+Every prompt's deadline is its arrival plus the TTFT target, and its work is the predicted time of its uncached
+tokens (step_timer.py). With one target for all, earliest-deadline-first alone is first-come-first-served, and a
+20k-token prompt that cannot make its target holds back every short prompt behind it that still could. So,
+within each priority (lower value first, always):
+1. **Resuming**: a request preempted after its first token is decoding; its recompute goes first.
+2. **Aged**: a prompt waiting longer than AGING_TARGETS targets goes next, oldest first, whatever it costs:
+   nothing starves however many feasible prompts keep arriving.
+3. **On time**, by deadline, chosen by Moore and Hodgson's rule (the most deadlines met on one machine): walk
+   the prompts by deadline adding up their work; whenever the running total passes the current prompt's
+   deadline, the largest prompt taken so far cannot be afforded and moves to the late list.
+4. **Late**: the prompts that yielded, oldest first. They are still served, after the ones that can still
+   make it (and become aged in turn).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import groupby
+
+from kvstrata.engine.request import Request
+
+AGING_TARGETS = 4.0  # a prompt waiting this many TTFT targets goes ahead of every newer one of its priority
+
+
+@dataclass(frozen=True)
+class Prompt:
+    req: Request
+    work_s: float  # predicted seconds of prefill left (its uncached tokens)
+
+    @property
+    def arrival(self) -> float:
+        return self.req.stats.arrival
+
+
+def slo_order(prompts: list[Prompt], now: float, ttft_target_s: float) -> list[Request]:
+    """The prompts in the order to prefill them (module docstring)."""
+    out: list[Request] = []
+    t = now
+    ordered = sorted(prompts, key=lambda p: p.req.params.priority)
+    for _, grp in groupby(ordered, key=lambda p: p.req.params.priority):
+        group = sorted(grp, key=lambda p: p.arrival)
+        resuming = [p for p in group if p.req.num_output_tokens > 0]
+        aged = [p for p in group if p.req.num_output_tokens == 0 and now - p.arrival > AGING_TARGETS * ttft_target_s]
+        first = resuming + aged
+        picked = {id(p) for p in first}
+        t += sum(p.work_s for p in first)
+        on_time, late = _moore_hodgson([p for p in group if id(p) not in picked], t, ttft_target_s)
+        t += sum(p.work_s for p in on_time) + sum(p.work_s for p in late)
+        out.extend(p.req for p in first + on_time + sorted(late, key=lambda p: p.arrival))
+    return out
+
+
+def _moore_hodgson(prompts: list[Prompt], start: float, target_s: float) -> tuple[list[Prompt], list[Prompt]]:
+    """(the prompts kept, by deadline; the ones that yield), starting at `start`."""
+    kept: list[Prompt] = []
+    late: list[Prompt] = []
+    t = start
+    for p in sorted(prompts, key=lambda p: p.arrival):  # deadline = arrival + the one target
+        kept.append(p)
+        t += p.work_s
+        if t > p.arrival + target_s:
+            big = max(range(len(kept)), key=lambda i: (kept[i].work_s, kept[i].arrival))
+            t -= kept[big].work_s
+            late.append(kept.pop(big))
+    return kept, late
