@@ -9,8 +9,8 @@ A step's time on this host is close to linear in five features of its batch:
 - `decode_context`: the tokens of context the decode rows read (their K/V), a long agent session's cost.
 The figures depend on the CPU, the model and the speed the shared host runs at this minute, so they are fitted
 here, not assumed: exponentially weighted least squares over the steps run (recent steps count most, so a host
-that slows down or speeds up moves the fit within tens of steps), with a small ridge that keeps the fit defined
-before every feature has varied. Until it has seen enough prefill steps it answers nothing (`ready` is False)
+that slows down or speeds up moves the fit within tens of steps), no coefficient below zero, with a small ridge
+that keeps the fit defined before every feature has varied. Until it has seen enough prefill steps it answers nothing (`ready` is False)
 and the scheduler sizes steps by tokens alone.
 """
 from __future__ import annotations
@@ -69,8 +69,7 @@ class StepTimer:
             self._b[i] = DECAY * self._b[i] + xi * seconds
         if shape.prefill_tokens >= MIN_PREFILL_TOKENS:
             self.prefill_steps += 1
-        self._coef = _solve([[v + (RIDGE if i == j else 0.0) for j, v in enumerate(r)] for i, r in enumerate(self._a)],
-                            self._b)
+        self._coef = _nonnegative_fit(self._a, self._b)
 
     def set_coefficients(self, coef: Sequence[float]) -> None:
         """Fix the model (seconds per unit of each feature, unscaled): for tests and for a host measured elsewhere."""
@@ -100,6 +99,25 @@ class StepTimer:
         if quad <= 0:
             return int(seconds / lin)
         return int((-lin + (lin * lin + 4 * quad * seconds) ** 0.5) / (2 * quad))  # quad n^2 + lin n = seconds
+
+
+def _nonnegative_fit(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """The ridge least-squares coefficients with none below zero: a feature whose coefficient comes out negative
+    (rows and their contexts rise together, and a fit can trade one against the other) is dropped and the rest
+    refitted, the most negative first. A step never costs less for more work."""
+    active = list(range(len(b)))
+    while active:
+        sub = _solve([[a[i][j] + (RIDGE if i == j else 0.0) for j in active] for i in active], [b[i] for i in active])
+        if sub is None:
+            return None
+        worst = min(range(len(active)), key=lambda k: sub[k])
+        if sub[worst] >= 0:
+            coef = [0.0] * len(b)
+            for k, i in enumerate(active):
+                coef[i] = sub[k]
+            return coef
+        del active[worst]
+    return None
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:

@@ -109,6 +109,8 @@ ENGINES: dict[str, EngineSpec] = {
     "kvstrata-nospec": EngineSpec("kvstrata-nospec", _kvstrata, "", "", 300.0, pinned=("--speculative", "off")),
     # 16-bit integer activations (and prefill as without them): what --activation-bits auto ran before 8 bits
     "kvstrata-act16": EngineSpec("kvstrata-act16", _kvstrata, "", "", 300.0, pinned=("--activation-bits", "16")),
+    # the scheduler before the slo policy: prompts by arrival, steps sized by tokens alone (docs/scheduling.md)
+    "kvstrata-fcfs": EngineSpec("kvstrata-fcfs", _kvstrata, "", "", 300.0, pinned=("--scheduling-policy", "fcfs")),
     "vllm": EngineSpec("vllm", _vllm, ".peers/vllm/bin/python", "run `make bench-peers`", 600.0, write_hf_copy),
     "vllm-ngram": EngineSpec("vllm-ngram", lambda port, gguf: [*_vllm(port, gguf), "--speculative-config", VLLM_NGRAM],
                              ".peers/vllm/bin/python", "run `make bench-peers`", 600.0, write_hf_copy),
