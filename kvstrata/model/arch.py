@@ -10,19 +10,21 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe")
 
 # HF `architectures[0]` -> our architecture name.
 _HF_CLASSES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3moe",
 }
+_QK_NORM = ("qwen3", "qwen3moe")  # per-head q/k RMSNorm before RoPE
 
 
 @dataclass(frozen=True)
 class ModelArch:
-    architecture: str  # "llama" | "qwen2" | "qwen3"
+    architecture: str  # "llama" | "qwen2" | "qwen3" | "qwen3moe"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -39,6 +41,16 @@ class ModelArch:
     rope_scaling: tuple[tuple[str, Any], ...] | None = None  # sorted (key, value) pairs, hashable
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # mixture of experts (qwen3moe; model/moe.py): 0 experts = every layer's MLP is the dense one
+    num_experts: int = 0  # routed experts of an MoE layer
+    num_experts_per_tok: int = 0  # the top-k experts each token runs
+    moe_intermediate_size: int = 0  # an expert's SwiGLU width
+    norm_topk_prob: bool = False  # the top-k routing probabilities renormalised to sum to 1
+    dense_layers: tuple[int, ...] = ()  # layers of an MoE model whose MLP is the dense one (intermediate_size)
+
+    def moe_layer(self, i: int) -> bool:
+        """Whether layer i's MLP is an MoE block (else the dense MLP)."""
+        return self.num_experts > 0 and i not in self.dense_layers
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any]) -> ModelArch:
@@ -70,10 +82,11 @@ class ModelArch:
             max_position=int(config.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             attention_bias=architecture == "qwen2" or bool(config.get("attention_bias", False)),
-            qk_norm=architecture == "qwen3",
+            qk_norm=architecture in _QK_NORM,
             rope_scaling=_freeze_rope_scaling(scaling),
             bos_token_id=_optional_int(config.get("bos_token_id")),
             eos_token_ids=_id_tuple(config.get("eos_token_id")),
+            **(_hf_moe(config) if architecture == "qwen3moe" else {}),
         )
 
     @classmethod
@@ -101,11 +114,16 @@ class ModelArch:
             vocab = len(metadata["tokenizer.ggml.tokens"])
         names = set(tensor_names)
         eos = [metadata.get(f"tokenizer.ggml.{k}") for k in ("eos_token_id", "eot_token_id", "eom_token_id")]
+        moe: dict[str, Any] = {}
+        if architecture == "qwen3moe":  # llama.cpp runs every layer as MoE and always renormalises the top-k
+            moe = dict(num_experts=int(key("expert_count")), num_experts_per_tok=int(key("expert_used_count")),
+                       moe_intermediate_size=int(key("expert_feed_forward_length")),
+                       norm_topk_prob=bool(key("expert_weights_norm", True)))
         return cls(
             architecture=architecture,
             vocab_size=int(vocab),
             hidden_size=hidden,
-            intermediate_size=int(key("feed_forward_length")),
+            intermediate_size=int(key("feed_forward_length", moe.get("moe_intermediate_size"))),
             num_layers=int(key("block_count")),
             num_heads=heads,
             num_kv_heads=int(key("attention.head_count_kv", heads)),
@@ -119,7 +137,21 @@ class ModelArch:
             rope_scaling=_gguf_rope_scaling(metadata, architecture),
             bos_token_id=_optional_int(metadata.get("tokenizer.ggml.bos_token_id")),
             eos_token_ids=_id_tuple([e for e in eos if e is not None]),
+            **moe,
         )
+
+
+def _hf_moe(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A Qwen3MoeConfig's MoE fields; its dense layers as transformers' Qwen3MoeDecoderLayer picks them
+    (listed in mlp_only_layers, or off the every-`decoder_sparse_step`-th layer, or no experts at all)."""
+    experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)  # transformers 5 saves the latter
+    step = int(config.get("decoder_sparse_step") or 1)
+    only = {int(i) for i in config.get("mlp_only_layers") or ()}
+    dense = tuple(i for i in range(int(config["num_hidden_layers"]))
+                  if i in only or not (experts > 0 and (i + 1) % step == 0))
+    return dict(num_experts=experts, num_experts_per_tok=int(config.get("num_experts_per_tok") or 0),
+                moe_intermediate_size=int(config.get("moe_intermediate_size") or 0),
+                norm_topk_prob=bool(config.get("norm_topk_prob", False)), dense_layers=dense)
 
 
 def _hf_architecture(config: Mapping[str, Any]) -> str:

@@ -6,7 +6,8 @@ interpreter: ~330 launches, a sixth of a batch-1 step of SmolLM2. `csrc/decode_l
 same ops on the same kernels in the same order from C++, so the step's bits do not change (tested
 against the Python loop in tests/model/test_decode_layers.py). It applies where every piece of it
 does: our integer-dot kernel for every linear, the fused ops, the cpu_paged backend's decode kernel for
-these head shapes, no per-head q/k norms (Qwen3), and a step whose rows are all decode rows.
+these head shapes, no per-head q/k norms (Qwen3), dense MLPs only (an MoE layer, moe.py, keeps no
+`LayerLinears`: its step takes the Python loop), and a step whose rows are all decode rows.
 `--fused-decode-layers off` keeps the Python loop.
 """
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _flat_weights(layers: Sequence[Layer]) -> list[torch.Tensor] | None:
     empty = torch.empty(0)
     out: list[torch.Tensor] = []
     for i, lw in enumerate(layers):
-        if lw.quant is None or lw.q_norm is not None:
+        if lw.quant is None or lw.q_norm is not None:  # quant is None on an MoE layer too
             return None
         for name, slots in SLOTS:
             linear = getattr(lw.quant, name)

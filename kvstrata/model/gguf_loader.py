@@ -5,9 +5,10 @@ F16, BF16, Q4_0/1, Q5_0/1, Q8_0, K-quants, IQ*) straight into the model's dtype,
 reshaped to torch order (GGUF lists dims innermost first) and renamed. A linear of a block type our
 integer-dot kernels run (quant/blocks.py) can instead stay in its blocks, repacked (quant/int_dot.py),
 and the embedding and LM head can stay in the mapped file (quant/gguf_rows.py), so loading holds about
-the file's size. For the `llama` architecture the Q/K rows are un-permuted: llama.cpp's converter
-interleaves each head's two RoPE halves (`permute` in convert_hf_to_gguf.py); Hugging Face keeps them
-as [first half | second half].
+the file's size; an MoE layer's stacked experts ([experts, out, in]) pack as one tensor of experts x out
+rows, each expert's rows whole tiles (moe.py runs a view an expert). For the `llama` architecture the
+Q/K rows are un-permuted: llama.cpp's converter interleaves each head's two RoPE halves (`permute` in
+convert_hf_to_gguf.py); Hugging Face keeps them as [first half | second half].
 """
 from __future__ import annotations
 
@@ -46,6 +47,10 @@ _BLOCK_NAMES = {  # GGUF "blk.N.<part>" -> HF "model.layers.N.<part>"
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # an MoE layer's router (moe.py)
+    "ffn_gate_exps": "mlp.experts.gate_proj",  # its experts, stacked [experts, out, in]
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
@@ -133,6 +138,7 @@ def _load_tensor(data: np.memmap, info: GGUFTensorInfo, name: str, *, arch: Mode
     shape = tuple(info.shape)
     rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
     raw = data[info.offset:info.offset + info.nbytes].reshape(rows, info.nbytes // rows)  # [rows, bytes a row]
+    matrix = (rows, shape[-1])  # stacked experts [E, N, K] as one [E * N, K]
     heads = _rope_heads(arch, name)
     kept = False  # whether the tensor is held in a quantized form (then dense only with keep_dense)
     if quant == "int_dot" and name in (EMBED, HEAD):
@@ -144,7 +150,7 @@ def _load_tensor(data: np.memmap, info: GGUFTensorInfo, name: str, *, arch: Mode
     elif quant == "int_dot" and name.endswith("proj.weight") and raw_packable(type_name, shape):
         order = raw if not heads else raw[unpermute_rope_rows(torch.arange(shape[0]).unsqueeze(1), heads).squeeze(1).numpy()]
         try:
-            out.tiles[name] = pack_raw(order, type_name, (shape[0], shape[1]))
+            out.tiles[name] = pack_raw(order, type_name, matrix)
             kept = True
         except ValueError as exc:  # a scale past float16's range: that tensor stays dense
             logger.warning("event=gguf_tensor_dense name=%s type=%s reason=%s", name, type_name, exc)

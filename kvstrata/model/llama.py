@@ -1,4 +1,4 @@
-"""Llama-family forward (Llama, SmolLM2, Qwen2 biases, Qwen3 q/k norms) over the paged KV pool.
+"""Llama-family forward (Llama, SmolLM2, Qwen2 biases, Qwen3 q/k norms, Qwen3-MoE) over the paged KV pool.
 
 Weights come in Hugging Face names (see model/weights.py) and are fused at load time:
 q/k/v into one [ (H + 2 Hkv) * D, hidden ] matrix and gate/up into one [2 I, hidden] matrix, so a
@@ -8,12 +8,12 @@ Given a GGUF's quantized linears (`tiles` for our integer-dot kernels, or `q4` f
 steps of at most `q4_max_rows` rows (decode) run on them instead (quant/: weight reads, not arithmetic,
 bound those steps), with an int8 LM head (embed_head.py); wider steps use the dense weights, or
 dequantize each linear just before its GEMM where the model keeps no dense copy, or (`int_prefill`)
-run on the integer-dot kernels too.
+run on the integer-dot kernels too. A layer's MLP is the dense one or an MoE block (moe.py), chosen per
+layer at load; the forward calls whichever it is.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from kvstrata.model import cpu_kernels
 from kvstrata.model.arch import ModelArch
@@ -21,6 +21,7 @@ from kvstrata.model.attention import AttentionBackend, AttentionMetadata, Prefil
 from kvstrata.model.decode_layers import DecodeLayers
 from kvstrata.model.embed_head import EMBED, HEAD, Embedding, Head
 from kvstrata.model.layer_weights import LayerWeights, Scratch, build_layer, prepack_supported
+from kvstrata.model.moe import WeightForms, build_moe
 from kvstrata.model.quant.blocks import IntWeight
 from kvstrata.model.quant.gguf_rows import GgufRows
 from kvstrata.model.rope import rope_tables
@@ -110,9 +111,12 @@ class LlamaModel:
         assert not tiles or (device.type == "cpu" and cpu_kernels.load_kernels()), "int-dot tiles need our CPU kernels"
         self.uses_int_dot = bool(tiles)
         prepack = cpu_ops and prepack_supported(device, dtype)
-        self.layers: list[LayerWeights] = [build_layer(i, tensors, dtype, device, tiles, q4, prepack)
-                                           for i in range(arch.num_layers)]
-        self.uses_quant = any(layer.quant is not None for layer in self.layers)
+        forms = WeightForms(tensors, tiles, dtype, device)
+        self.layers: list[LayerWeights] = [  # each layer's MLP the dense one, or its MoE block (moe.py)
+            build_layer(i, tensors, dtype, device, tiles, q4, prepack,
+                        build_moe(arch, i, forms) if arch.moe_layer(i) else None)
+            for i in range(arch.num_layers)]
+        self.uses_quant = any(lin.quant is not None for layer in self.layers for lin in layer.linears())
         self.int_prefill = int_prefill and self.uses_int_dot
         self.decode_layers: DecodeLayers | None = None  # built below, once the head and fused ops are known
         self.set_act_bits(act_bits if self.uses_int_dot else 16)
@@ -146,16 +150,15 @@ class LlamaModel:
         """The integer activations (8 or 16) of every int-dot linear and of the decode-layers op."""
         self.act_bits = bits
         for layer in self.layers:
-            for quant in layer.quant.all() if layer.quant is not None else []:
-                quant.act_bits = bits
+            for lin in layer.linears():
+                if lin.quant is not None:
+                    lin.quant.act_bits = bits
         if self.decode_layers is not None:
             self.decode_layers.act_bits = bits
 
     def linear_params(self) -> int:
         """Weights of the layers' linears: the multiply-adds a token costs in them."""
-        return sum(lin.quant.out_features * lin.quant.in_features if lin.quant is not None and lin.quant.parts
-                   else lin.dense.shape[0] * lin.dense.shape[1] if lin.dense is not None else 0
-                   for layer in self.layers for lin in layer.linears())
+        return sum(layer.token_params() for layer in self.layers)
 
     def resident_bytes(self) -> dict[str, int]:
         """Bytes the weights hold, by form (for the start-up plan line)."""
@@ -204,28 +207,18 @@ class LlamaModel:
         norm = self.layers[li + 1].input_norm if li + 1 < len(self.layers) else None
         T = h.shape[0]
         if rows >= T:
-            mlp = self._mlp_out(lw, h, narrow)
+            mlp = lw.mlp(h, narrow, self._scratch, self.fused_silu)
             if norm is not None:
                 return self._add_norm(x, mlp, norm)
             x.add_(mlp)
             return h
         for r in chunks(T, rows):  # chunk r's rows of h are read once, then take the next layer's input
-            mlp = self._mlp_out(lw, h[r], narrow)
+            mlp = lw.mlp(h[r], narrow, self._scratch, self.fused_silu)
             if norm is not None:
                 h[r] = self._add_norm(x[r], mlp, norm)
             else:
                 x[r].add_(mlp)
         return h
-
-    def _mlp_out(self, lw: LayerWeights, h: torch.Tensor, narrow: bool) -> torch.Tensor:
-        gate_up = lw.gate_up(h, narrow, self._scratch)  # [T, 2I]
-        if self.fused_silu:
-            act = cpu_kernels.silu_mul(gate_up)
-        else:
-            gate, up = gate_up.chunk(2, dim=-1)
-            act = F.silu(gate) * up
-        del gate_up
-        return lw.down(act, narrow, self._scratch)
 
     @torch.inference_mode()
     def forward(

@@ -7,7 +7,10 @@ or for a GGUF loaded for the quantized kernels some as tiles, blocks or file row
                                                                 k/v: [kv_heads*head_dim, hidden]
     model.layers.{i}.self_attn.{q,k,v}_proj.bias                qwen2 only
     model.layers.{i}.self_attn.{q,k}_norm.weight                qwen3 only, [head_dim]
-    model.layers.{i}.mlp.{gate,up,down}_proj.weight
+    model.layers.{i}.mlp.{gate,up,down}_proj.weight            a dense-MLP layer
+    model.layers.{i}.mlp.gate.weight                            an MoE layer (moe.py): the router [experts, hidden]
+    model.layers.{i}.mlp.experts.{gate,up,down}_proj.weight     its experts stacked: gate/up [experts, I, hidden],
+                                                                down [experts, hidden, I]
     model.layers.{i}.{input,post_attention}_layernorm.weight    [hidden]
     model.norm.weight                                           [hidden]
     lm_head.weight                                              only when not tied
@@ -53,7 +56,10 @@ def expected_tensor_names(arch: ModelArch) -> list[str]:
             names += [f"{attn}.{p}_proj.bias" for p in ("q", "k", "v")]
         if arch.qk_norm:
             names += [f"{attn}.q_norm.weight", f"{attn}.k_norm.weight"]
-        names += [f"{mlp}.{p}_proj.weight" for p in ("gate", "up", "down")]
+        if arch.moe_layer(i):
+            names += [f"{mlp}.gate.weight", *(f"{mlp}.experts.{p}_proj.weight" for p in ("gate", "up", "down"))]
+        else:
+            names += [f"{mlp}.{p}_proj.weight" for p in ("gate", "up", "down")]
         names += [f"model.layers.{i}.input_layernorm.weight", f"model.layers.{i}.post_attention_layernorm.weight"]
     names.append("model.norm.weight")
     if not arch.tie_word_embeddings:

@@ -92,7 +92,8 @@ def model_info(state: ServerState) -> dict[str, Any]:
     }
 
 
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                  "qwen3moe": "Qwen3MoeForCausalLM"}
 
 
 def install_worker_info_routes(app: FastAPI, state: ServerState) -> None:

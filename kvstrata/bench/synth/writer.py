@@ -75,7 +75,7 @@ def write_gguf(path: Path, shape: ModelShape, types: Callable[[str], str], token
     writer.add_float32(f"{a}.rope.freq_base", shape.rope_theta)
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)
     writer.add_string("general.name", f"kvstrata synthetic {a} {shape.hidden}x{shape.layers}")
-    _copy_tokenizer(writer, tokenizer_from, chat_template)
+    copy_tokenizer(writer, tokenizer_from, chat_template)
     plan = list(tensor_shapes(shape, untied=ends_replies is not None))
     for name, dims in plan:
         if len(dims) == 1:
@@ -103,7 +103,9 @@ def write_gguf(path: Path, shape: ModelShape, types: Callable[[str], str], token
     writer.close()
 
 
-def _copy_tokenizer(writer: object, source: Path, chat_template: str | None = None) -> None:
+def copy_tokenizer(writer: object, source: Path, chat_template: str | None = None) -> None:
+    """Every `tokenizer.*` key of the GGUF `source` into `writer` (a gguf.GGUFWriter), the chat template
+    replaced by `chat_template` where given."""
     import gguf
 
     reader = gguf.GGUFReader(str(source))

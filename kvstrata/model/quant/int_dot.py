@@ -61,12 +61,13 @@ def format_name(packed: torch.Tensor) -> str:
 
 
 def raw_packable(type_name: str, shape: tuple[int, ...]) -> bool:
-    """Whether a GGUF tensor of this block type and shape [N, K] packs (without decoding it)."""
+    """Whether a GGUF tensor of this block type and shape [N, K] packs (without decoding it); stacked
+    experts [E, N, K] pack where each expert's [N, K] does (its rows whole tiles: a view an expert)."""
     spec = BLOCK_TYPES.get(type_name)
-    if spec is None or len(shape) != 2:
+    if spec is None or len(shape) not in (2, 3):
         return False
     per, _, bits, group = spec
-    return shape[1] % per == 0 and _packable(bits, group, shape[0], shape[1]) is None
+    return shape[-1] % per == 0 and _packable(bits, group, shape[-2], shape[-1]) is None
 
 
 def pack_raw(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> torch.Tensor:

@@ -74,6 +74,14 @@ class QuantLinear:
         return dense
 
 
+def take_tiles(tiles: dict[str, torch.Tensor], names: list[str]) -> QuantLinear | None:
+    """One linear of the int-dot tiles `names` (its parts), taken out of `tiles`; None, leaving them,
+    unless all are there."""
+    if not names or not all(n in tiles for n in names):
+        return None
+    return QuantLinear(parts=[tiles.pop(n) for n in names])
+
+
 @dataclass
 class LayerLinears:
     qkv: QuantLinear
