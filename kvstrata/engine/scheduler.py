@@ -226,12 +226,17 @@ class Scheduler:
 
     # -- the slo policy (prefill_plan.py, step_timer.py) ------------------------------------------
     def _prefill_seconds(self, batch: ScheduledBatch) -> float | None:
-        """The time prefill may take in a step whose decode rows are `batch`: what keeps the step within the
-        TPOT target (the step's first prompt chunk still gets MIN_STEP_PREFILL tokens); None (tokens alone size the step) under fcfs,
-        without decode rows, or before the step timer has learnt this host."""
+        """The time prefill may take in a step whose decode rows are `batch`: what keeps the step within the TPOT
+        target, but never less than the decode rows take (the step's first prompt chunk also gets at least
+        MIN_STEP_PREFILL tokens); None (tokens alone size the step) under fcfs, without decode rows, or before
+        the step timer has learnt this host. The floor: where the rows alone near the target (many of them, long
+        contexts, a slow spell of the host), prompts cut to slivers would stop the queue while the rows would
+        still miss it; with half of each step, prompts go on at half speed and a row waits at most two of its
+        own steps."""
         if self.cfg.scheduling_policy != "slo" or not batch or not self.timer.ready:
             return None
-        return self.cfg.tpot_target_ms / 1000.0 - self.timer.predict(batch.shape())
+        decode = self.timer.predict(batch.shape())
+        return max(self.cfg.tpot_target_ms / 1000.0 - decode, decode)
 
     def _prefill_order(self) -> list[Request]:
         """Running prefills then waiting requests under fcfs (each by priority, then arrival); under slo both
