@@ -13,7 +13,7 @@ from kvstrata.model.fetch import model_home
 # an absolute path on a user's machine: the checkout, a home, a temp dir
 MACHINE_PATH = re.compile(r"(?<![\w.~$>/:-])/(?:root|home|work|Users|tmp|var/folders|private/var)/")
 # documented examples: a command a reader may run (an L3 path or an --out-dir of their choosing)
-EXAMPLES = {"docs/kv-tiers.md", "docs/benchmarks.md", "docs/speculative-runs.md"}
+EXAMPLES = {"docs/kv-tiers.md", "docs/benchmarks.md"}
 
 
 def tracked(*roots: str) -> list[str]:

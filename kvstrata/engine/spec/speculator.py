@@ -115,7 +115,7 @@ class Speculator:
         """Whether a request of the batch computes prompt tokens this step (a chunk, or a preempted request's
         recompute). `auto` adds no drafts to such a step: the step is long (a chunk of rows over its
         context), so a drafted row looks cheap beside it, but every row it adds is time that request's first
-        token waits (docs/speculative-runs.md: "No drafts beside a prompt chunk")."""
+        token waits (docs/speculative.md: "No drafts beside a prompt chunk")."""
         return any(n != 1 or not batch.samples(i) for i, n in enumerate(batch.num_tokens))
 
     def emitted(self, req: Request, tokens: list[int], drafted: int, accepted: int) -> None:
@@ -135,7 +135,7 @@ class Speculator:
         if d is not None and keep_output and self.mode != "ngram":
             d.finish()
         # the step after a finished reply stays short: its client's next request arrives during that step
-        # (docs/speculative-runs.md: "The step after a reply ends")
+        # (docs/speculative.md: "The step after a reply ends")
         self.follow_up_due = self.follow_up_due or (keep_output and d is not None)
 
     @property
