@@ -228,15 +228,23 @@ class Scheduler:
     def _prefill_seconds(self, batch: ScheduledBatch) -> float | None:
         """The time prefill may take in a step whose decode rows are `batch`: what keeps the step within the TPOT
         target, but never less than the decode rows take (the step's first prompt chunk also gets at least
-        MIN_STEP_PREFILL tokens); None (tokens alone size the step) under fcfs, without decode rows, or before
-        the step timer has learnt this host. The floor: where the rows alone near the target (many of them, long
+        MIN_STEP_PREFILL tokens); None (tokens alone size the step) under fcfs, without a decode row that can
+        still meet its targets, or before the step timer has learnt this host. The floor: where the rows alone near the target (many of them, long
         contexts, a slow spell of the host), prompts cut to slivers would stop the queue while the rows would
         still miss it; with half of each step, prompts go on at half speed and a row waits at most two of its
         own steps."""
-        if self.cfg.scheduling_policy != "slo" or not batch or not self.timer.ready:
+        if self.cfg.scheduling_policy != "slo" or not self.timer.ready or not any(map(self._on_target, batch.requests)):
             return None
         decode = self.timer.predict(batch.shape())
         return max(self.cfg.tpot_target_ms / 1000.0 - decode, decode)
+
+    def _on_target(self, req: Request) -> bool:
+        """Whether a decoding request can still meet both targets: its first token came within the TTFT target.
+        Only such rows size a step by time: a row that missed its first token's target misses goodput whatever
+        its TPOT, and under an overload where every row did, steps sized for them would only cut the prefill
+        throughput the queue needs."""
+        first = req.stats.first_token
+        return first is not None and first - req.stats.arrival <= self.cfg.ttft_target_ms / 1000.0
 
     def _prefill_order(self) -> list[Request]:
         """Running prefills then waiting requests under fcfs (each by priority, then arrival); under slo both
