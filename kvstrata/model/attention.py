@@ -183,10 +183,12 @@ class TorchSDPABackend:
 class CpuPagedBackend(TorchSDPABackend):
     """Decode rows with our C++ kernel (csrc/paged_decode.cpp), which reads each row's K/V pages in
     place: no gather, no head-major copy, one op a layer. Pages that rows share are read by each
-    row, from the CPU's caches after the first (no cascade split). Prefill chunks in bf16: on AMX-BF16
-    as that kernel's row groups (its tile form: 1.3-1.5x paged_prefill.cpp on 2k-token chunks at 4-12k
-    context, 6-17x on the few-token chunks of an agent's next turn), else with csrc/paged_prefill.cpp
-    where it was built (AVX512-BF16: ~2x torch's flash kernel), else as TorchSDPABackend."""
+    row, from the CPU's caches after the first (no cascade split). Prefill chunks in bf16: on AMX-BF16,
+    chunks under SPLIT_PREFIX_MIN_QUERIES queries as that kernel's row groups (an agent's next turn: its
+    context read once for all rows, faster than torch's flash kernel there) and longer ones on torch's
+    flash kernel, whose oneDNN tiles win once a chunk fills them (docs/cpu-kernels.md has the crossover);
+    else with csrc/paged_prefill.cpp where it was built (AVX512-BF16: ~2x torch's flash kernel), else as
+    TorchSDPABackend."""
 
     reads_shared_pages_once = False
 
@@ -199,9 +201,11 @@ class CpuPagedBackend(TorchSDPABackend):
         if not cpu_kernels.paged_prefill_supports(q, k_cache):
             return TorchSDPABackend._prefill(q, k_cache, v_cache, seq, ps)
         if cpu_kernels.amx_bf16_attention() and cpu_kernels.paged_decode_supports(q, k_cache):
-            # the chunk's n queries as the decode kernel's row group (one token further each, the same
-            # pages): on AMX tiles, in place, no packing; each row's bits are its own one-row step's
             n = q.shape[0]
+            if n >= SPLIT_PREFIX_MIN_QUERIES:  # a long chunk: torch's flash kernel (split at the prefix) on AMX
+                return TorchSDPABackend._prefill(q, k_cache, v_cache, seq, ps)
+            # a short chunk (an agent's next turn) as the decode kernel's row group (one token further each,
+            # the same pages): on AMX tiles, in place, no packing; each row's bits are its own one-row step's
             lens = torch.arange(seq.kv_len - n + 1, seq.kv_len + 1, dtype=torch.int64)
             pages = seq.pages[None].expand(n, -1).contiguous()  # [n, P]
             return cpu_kernels.paged_decode(q, k_cache, v_cache, pages, lens, ps)
@@ -239,6 +243,8 @@ def attention_layout(backend: AttentionBackend, dtype: torch.dtype, device: torc
     if not isinstance(backend, CpuPagedBackend):
         return split
     if dtype == torch.bfloat16 and cpu_kernels.native_bf16_dot():
+        if cpu_kernels.amx_bf16_attention():
+            return "+cpupaged+bf16prefill+flash"  # short chunks in our kernel, long ones split on torch's flash
         return "+cpupaged+bf16prefill"  # every bf16 prefill chunk in our kernel: no split
     return "+cpupaged" + split
 

@@ -131,3 +131,16 @@ def test_page_ids_outside_the_pool_raise() -> None:
             cpu_kernels.paged_prefill(q, k, v, wrong, 40, PS)
     longer = torch.cat([pages, torch.tensor([1 << 40])])  # a page past kv_len is never read
     torch.testing.assert_close(cpu_kernels.paged_prefill(q, k, v, longer, 40, PS), cpu_kernels.paged_prefill(q, k, v, pages, 40, PS))
+
+
+@pytest.mark.parametrize("n,kv_len", [(255, 255), (256, 256), (300, 1300), (2048, 2048)])
+def test_long_bf16_chunks_take_torchs_flash_kernel_on_amx(n: int, kv_len: int) -> None:
+    """On AMX-BF16 a chunk of SPLIT_PREFIX_MIN_QUERIES (256) queries or more runs as TorchSDPABackend (flash, split
+    at the prefix): the same bits; a shorter one stays the decode kernel's row group; elsewhere nothing changes."""
+    q, k, v, pages = case(n, kv_len, seed=n)
+    seq = PrefillSeq(0, n, kv_len, pages)
+    out = CpuPagedBackend._prefill(q, k, v, seq, PS)
+    flash = torch.equal(out, sdpa(q, k, v, pages, kv_len))
+    if NATIVE and cpu_kernels.amx_bf16_attention():
+        assert flash == (n >= 256)
+    assert torch.allclose(out.float(), sdpa(q, k, v, pages, kv_len).float(), atol=2e-2, rtol=2e-2)
