@@ -8,9 +8,10 @@ within each priority (lower value first, always):
 1. **Resuming**: a request preempted after its first token is decoding; its recompute goes first.
 2. **Aged**: a prompt waiting longer than AGING_TARGETS targets goes next, oldest first, whatever it costs:
    nothing starves however many feasible prompts keep arriving.
-3. **On time**, by deadline, chosen by Moore and Hodgson's rule (the most deadlines met on one machine): walk
-   the prompts by deadline adding up their work; whenever the running total passes the current prompt's
-   deadline, the largest prompt taken so far cannot be afforded and moves to the late list.
+3. **On time**, chosen by Moore and Hodgson's rule (the most deadlines met on one machine): walk the prompts
+   by deadline adding up their work; whenever the running total passes the current prompt's deadline, the
+   largest prompt taken so far cannot be afforded and moves to the late list. The ones kept then go shortest
+   first wherever that keeps every deadline (a short turn passes a long prompt that can afford to wait).
 4. **Late**: the prompts that yielded, oldest first. They are still served, after the ones that can still
    make it (and become aged in turn).
 """
@@ -47,6 +48,7 @@ def slo_order(prompts: list[Prompt], now: float, ttft_target_s: float) -> list[R
         picked = {id(p) for p in first}
         t += sum(p.work_s for p in first)
         on_time, late = _moore_hodgson([p for p in group if id(p) not in picked], t, ttft_target_s)
+        on_time = _shortest_first(on_time, t, ttft_target_s)
         t += sum(p.work_s for p in on_time) + sum(p.work_s for p in late)
         out.extend(p.req for p in first + on_time + sorted(late, key=lambda p: p.arrival))
     return out
@@ -65,3 +67,25 @@ def _moore_hodgson(prompts: list[Prompt], start: float, target_s: float) -> tupl
             t -= kept[big].work_s
             late.append(kept.pop(big))
     return kept, late
+
+
+def _shortest_first(prompts: list[Prompt], start: float, target_s: float) -> list[Prompt]:
+    """The on-time prompts (all meet their deadlines in deadline order from `start`), reordered so that at
+    each place the shortest prompt that keeps every deadline goes first: a short turn need not wait behind a
+    long prompt that can afford to let it pass. Moving prompt j to the front delays only the prompts before it
+    in deadline order, each by j's work: allowed where j's work is at most the least slack among them."""
+    rest = list(prompts)  # deadline order
+    out: list[Prompt] = []
+    t = start
+    while rest:
+        slack = []  # least slack of rest[:i], given deadline order from t
+        done, least = t, float("inf")
+        for p in rest:
+            slack.append(least)
+            done += p.work_s
+            least = min(least, p.arrival + target_s - done)
+        pick = min((i for i in range(len(rest)) if rest[i].work_s <= slack[i]),
+                   key=lambda i: (rest[i].work_s, i))
+        t += rest[pick].work_s
+        out.append(rest.pop(pick))
+    return out

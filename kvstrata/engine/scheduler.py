@@ -21,18 +21,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvstrata.config import SchedulerConfig
 from kvstrata.engine.kv_manager import KVCacheManager
 from kvstrata.engine.prefill_dedup import follows_inflight_prefill
-from kvstrata.engine.prefill_plan import Prompt, slo_order
 from kvstrata.engine.request import Request, RequestStatus
+from kvstrata.engine.slo_policy import MIN_STEP_PREFILL, SloPolicy
 from kvstrata.engine.step_timer import StepShape, StepTimer, chunk_pairs
-
-MIN_STEP_PREFILL = 32  # prompt tokens a step with decode rows still takes under slo, however long they run
-ESTIMATE_TTL_S = 0.5  # how long a waiting request's cached-prefix estimate is used before it is looked up again
 
 
 @dataclass
@@ -91,8 +87,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.dedup_prefill = cfg.dedup_prefill and kv.cache is not None
         self.timer = StepTimer()  # fed by the engine after every step
-        self.clock: Callable[[], float] = time.monotonic
-        self._estimates: dict[Request, tuple[float, int]] = {}  # waiting request -> (when, cached tokens)
+        self.slo = SloPolicy(cfg, kv, self.timer) if cfg.scheduling_policy == "slo" else None
 
     def can_add(self) -> bool:
         """Whether the waiting queue has room (`max_queue_requests`); preempted requests skip this."""
@@ -154,8 +149,15 @@ class Scheduler:
         for req in [r for r in self.running if r.num_uncomputed == 1]:  # decode rows first, in running order
             if s.budget <= 0 or not self._run(s, req, 1):
                 break
-        s.seconds = self._prefill_seconds(s.batch)
-        for req in self._prefill_order():
+        prefilling = [r for r in self.running if r.num_uncomputed > 1]
+        if self.slo is None:  # fcfs: running prompts, then waiting ones (each by priority, then arrival)
+            order = sorted(prefilling, key=lambda r: (r.params.priority, r.stats.arrival)) + list(self.waiting)
+        else:
+            s.seconds = self.slo.prefill_seconds(s.batch)
+            order = self.slo.order(prefilling, list(self.waiting), s.batch)
+            if s.seconds is not None and order and self.slo.needs_whole_steps(order[0], s.seconds):
+                s.seconds = None
+        for req in order:
             if s.budget <= 0 or s.closed or (s.prefill_tokens and s.seconds is not None and s.seconds <= 0):
                 break
             if req.status is RequestStatus.RUNNING:
@@ -202,7 +204,8 @@ class Scheduler:
             s.closed = s.closed or self._holds_back(req, n, s.finishing)
             return
         self.waiting.remove(req)
-        self._estimates.pop(req, None)
+        if self.slo is not None:
+            self.slo.forget(req)
         if not req.admitted_once:
             req.admitted_once = True
             req.stats.cached_tokens = hit.tokens
@@ -224,54 +227,6 @@ class Scheduler:
         s.batch.num_tokens.append(n)
         s.budget -= n
 
-    # -- the slo policy (prefill_plan.py, step_timer.py) ------------------------------------------
-    def _prefill_seconds(self, batch: ScheduledBatch) -> float | None:
-        """The time prefill may take in a step whose decode rows are `batch`: what keeps the step within the TPOT
-        target, but never less than the decode rows take (the step's first prompt chunk also gets at least
-        MIN_STEP_PREFILL tokens); None (tokens alone size the step) under fcfs, without a decode row that can
-        still meet its targets, or before the step timer has learnt this host. The floor: where the rows alone near the target (many of them, long
-        contexts, a slow spell of the host), prompts cut to slivers would stop the queue while the rows would
-        still miss it; with half of each step, prompts go on at half speed and a row waits at most two of its
-        own steps."""
-        if self.cfg.scheduling_policy != "slo" or not self.timer.ready or not any(map(self._on_target, batch.requests)):
-            return None
-        decode = self.timer.predict(batch.shape())
-        return max(self.cfg.tpot_target_ms / 1000.0 - decode, decode)
-
-    def _on_target(self, req: Request) -> bool:
-        """Whether a decoding request can still meet both targets: its first token came within the TTFT target.
-        Only such rows size a step by time: a row that missed its first token's target misses goodput whatever
-        its TPOT, and under an overload where every row did, steps sized for them would only cut the prefill
-        throughput the queue needs."""
-        first = req.stats.first_token
-        return first is not None and first - req.stats.arrival <= self.cfg.ttft_target_ms / 1000.0
-
-    def _prefill_order(self) -> list[Request]:
-        """Running prefills then waiting requests under fcfs (each by priority, then arrival); under slo both
-        together in prefill_plan's order."""
-        prefilling = [r for r in self.running if r.num_uncomputed > 1]
-        if self.cfg.scheduling_policy != "slo":
-            return sorted(prefilling, key=lambda r: (r.params.priority, r.stats.arrival)) + list(self.waiting)
-        now = self.clock()
-        decode = ScheduledBatch([r for r in self.running if r.num_uncomputed == 1])
-        decode.num_tokens = [1] * len(decode.requests)
-        step = self.cfg.tpot_target_ms / 1000.0
-        # while requests decode, prefill gets only what a step has left: its work takes that much longer
-        stretch = 1.0 / max(0.25, 1.0 - self.timer.predict(decode.shape()) / step) if decode and self.timer.ready else 1.0
-        prompts = [Prompt(r, stretch * self._work(r, now)) for r in prefilling + list(self.waiting)]
-        return slo_order(prompts, now, self.cfg.ttft_target_ms / 1000.0)
-
-    def _work(self, req: Request, now: float) -> float:
-        """Predicted seconds of prefill left for `req`; a waiting request's cached prefix re-estimated every
-        ESTIMATE_TTL_S (the cache fills as other prompts run)."""
-        if req.status is RequestStatus.RUNNING:
-            return self.timer.prefill_seconds(req.num_computed_tokens, req.num_uncomputed)
-        at, cached = self._estimates.get(req, (-1e9, 0))
-        if now - at > ESTIMATE_TTL_S:
-            cached = self.kv.cached_tokens(req)
-            self._estimates[req] = (now, cached)
-        return self.timer.prefill_seconds(cached, req.num_tokens - cached)
-
     def advance(self, req: Request, n: int) -> None:
         """Mark `n` more of the request's tokens computed (their K/V is in its pages; a verify step's
         rejected drafts are not among them) and hand its newly full pages to the prefix cache."""
@@ -287,7 +242,8 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        self._estimates.pop(req, None)
+        if self.slo is not None:
+            self.slo.forget(req)
         self.kv.release(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason

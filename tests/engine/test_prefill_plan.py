@@ -20,8 +20,15 @@ def order(*prompts: Prompt) -> list[str]:
     return [r.request_id for r in slo_order(list(prompts), NOW, TARGET)]
 
 
-def test_all_feasible_is_first_come_first_served() -> None:
-    assert order(prompt("b", 99.5, 0.2), prompt("a", 99.0, 0.3), prompt("c", 99.8, 0.1)) == ["a", "b", "c"]
+def test_prompts_that_all_make_it_go_shortest_first() -> None:
+    assert order(prompt("b", 99.5, 0.2), prompt("a", 99.0, 0.3), prompt("c", 99.8, 0.1)) == ["c", "b", "a"]
+
+
+def test_a_short_prompt_passes_a_long_one_only_where_the_long_one_still_makes_it() -> None:
+    """a (due 100.5) done at 100.45 alone; behind b it would end at 100.55: a goes first. With 0.1 s more slack,
+    b passes it."""
+    assert order(prompt("a", 98.5, 0.45), prompt("b", 99.9, 0.1)) == ["a", "b"]
+    assert order(prompt("a", 98.6, 0.45), prompt("b", 99.9, 0.1)) == ["b", "a"]
 
 
 def test_a_prompt_that_cannot_make_its_target_yields_to_those_that_can() -> None:

@@ -1,0 +1,92 @@
+"""The `slo` scheduling policy's decisions for one step (`--scheduling-policy slo`, docs/scheduling.md):
+in which order prompts prefill (prefill_plan.py over each prompt's predicted work), and how much of a step
+they get while requests decode (step_timer.py's prediction against the TPOT target).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from kvstrata.config import SchedulerConfig
+from kvstrata.engine.kv_manager import KVCacheManager
+from kvstrata.engine.prefill_plan import Prompt, slo_order
+from kvstrata.engine.request import Request, RequestStatus
+from kvstrata.engine.step_timer import StepTimer
+
+if TYPE_CHECKING:
+    from kvstrata.engine.scheduler import ScheduledBatch
+
+MIN_STEP_PREFILL = 32  # prompt tokens a step with decode rows still takes, however long they run
+# a step with decode rows is sized to this share of the TPOT target: a request's TPOT is the mean of its steps,
+# and steps sized to the whole target ran past it by the fit's error (docs/scheduling.md has the runs)
+STEP_SHARE = 0.75
+ESTIMATE_TTL_S = 0.5  # how long a waiting request's cached-prefix estimate is used before it is looked up again
+
+
+class SloPolicy:
+    def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager, timer: StepTimer) -> None:
+        self.kv = kv
+        self.timer = timer
+        self.ttft_s = cfg.ttft_target_ms / 1000.0
+        self.step_s = STEP_SHARE * cfg.tpot_target_ms / 1000.0  # a step's time while requests decode
+        self.clock: Callable[[], float] = time.monotonic
+        self._estimates: dict[Request, tuple[float, int]] = {}  # waiting request -> (when, cached tokens)
+
+    def forget(self, req: Request) -> None:
+        """`req` was admitted or finished: its cached-prefix estimate goes."""
+        self._estimates.pop(req, None)
+
+    def prefill_seconds(self, batch: ScheduledBatch) -> float | None:
+        """The time prefill may take in a step whose decode rows are `batch`: what keeps the step within
+        `step_s`, but never less than the decode rows take (the step's first prompt chunk also gets at least
+        MIN_STEP_PREFILL tokens); None (tokens alone size the step) without a decode row that can still meet
+        its targets, or before the step timer has learnt this host. The floor: where the rows alone near the
+        target (many of them, long contexts, a slow spell of the host), prompts cut to slivers would stop the
+        queue while the rows would still miss it; with half of each step, prompts go on at half speed and a row
+        waits at most two of its own steps."""
+        if not self.timer.ready or not any(map(self._on_target, batch.requests)):
+            return None
+        decode = self.timer.predict(batch.shape())
+        return max(self.step_s - decode, decode)
+
+    def _on_target(self, req: Request) -> bool:
+        """Whether a decoding request can still meet both targets: its first token came within the TTFT target.
+        Only such rows size a step by time: a row that missed its first token's target misses goodput whatever
+        its TPOT, and under an overload where every row did, steps sized for them would only cut the prefill
+        throughput the queue needs."""
+        first = req.stats.first_token
+        return first is not None and first - req.stats.arrival <= self.ttft_s
+
+    def needs_whole_steps(self, req: Request, seconds: float) -> bool:
+        """Whether the plan's first prompt meets its TTFT target with whole steps but not with steps of
+        `seconds` of prefill: then this step is its (its first token is the one chance it has of goodput; the
+        decode rows lose one step's worth of TPOT)."""
+        if req.num_output_tokens > 0:
+            return False
+        done = req.num_computed_tokens if req.status is RequestStatus.RUNNING else self._estimates.get(req, (0.0, 0))[1]
+        now, deadline = self.clock(), req.stats.arrival + self.ttft_s
+        work = self.timer.prefill_seconds(done, req.num_tokens - done)
+        per_step = self.timer.prefill_seconds(done, max(1, self.timer.prefill_tokens_within(seconds, done)))
+        steps = work / max(per_step, 1e-6)  # steps of `seconds` it would take, each a step's time apart
+        return now + work <= deadline < now + steps * self.step_s
+
+    def order(self, prefilling: list[Request], waiting: list[Request], decode: ScheduledBatch) -> list[Request]:
+        """Running prompts and waiting requests together, in prefill_plan's order; `decode` is the step's
+        decode rows: while there are any, prefill gets only what a step has left, so its work takes longer."""
+        now = self.clock()
+        share = 1.0 - self.timer.predict(decode.shape()) / self.step_s if decode and self.timer.ready else 1.0
+        stretch = 1.0 / max(0.5, share)
+        prompts = [Prompt(r, stretch * self._work(r, now)) for r in prefilling + waiting]
+        return slo_order(prompts, now, self.ttft_s)
+
+    def _work(self, req: Request, now: float) -> float:
+        """Predicted seconds of prefill left for `req`; a waiting request's cached prefix re-estimated every
+        ESTIMATE_TTL_S (the cache fills as other prompts run)."""
+        if req.status is RequestStatus.RUNNING:
+            return self.timer.prefill_seconds(req.num_computed_tokens, req.num_uncomputed)
+        at, cached = self._estimates.get(req, (-1e9, 0))
+        if now - at > ESTIMATE_TTL_S:
+            cached = self.kv.cached_tokens(req)
+            self._estimates[req] = (now, cached)
+        return self.timer.prefill_seconds(cached, req.num_tokens - cached)
