@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 
 import httpx
 
+from kvstrata.bench.paths import portable
 from kvstrata.process_tree import pdeathsig_preexec
 
 REPO = Path(__file__).resolve().parents[3]
@@ -167,7 +168,11 @@ class RunningServer:
                     continue
                 except ProcessLookupError:
                     break
-        self._log.close()
+        if not self._log.closed:
+            self._log.close()
+            # the server's own lines name the machine's paths (its caches, temp files): the kept log must not
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+            self.log_path.write_text("\n".join(portable(line) for line in text.split("\n")), encoding="utf-8")
 
     def __enter__(self) -> RunningServer:
         return self
