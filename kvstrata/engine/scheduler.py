@@ -147,6 +147,8 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         s = _Step(ScheduledBatch(), self.cfg.max_num_batched_tokens)
         for req in [r for r in self.running if r.num_uncomputed == 1]:  # decode rows first, in running order
+            if req in s.preempted:  # a victim of an earlier row's pages
+                continue
             if s.budget <= 0 or not self._run(s, req, 1):
                 break
         prefilling = [r for r in self.running if r.num_uncomputed > 1]

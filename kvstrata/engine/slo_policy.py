@@ -6,22 +6,29 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kvstrata.config import SchedulerConfig
 from kvstrata.engine.kv_manager import KVCacheManager
 from kvstrata.engine.prefill_plan import Prompt, slo_order
 from kvstrata.engine.request import Request, RequestStatus
-from kvstrata.engine.step_timer import StepTimer
-
-if TYPE_CHECKING:
-    from kvstrata.engine.scheduler import ScheduledBatch
+from kvstrata.engine.step_timer import StepShape, StepTimer
 
 MIN_STEP_PREFILL = 32  # prompt tokens a step with decode rows still takes, however long they run
 # a step with decode rows is sized to this share of the TPOT target: a request's TPOT is the mean of its steps,
 # and steps sized to the whole target ran past it by the fit's error (docs/scheduling.md has the runs)
 STEP_SHARE = 0.75
 ESTIMATE_TTL_S = 0.5  # how long a waiting request's cached-prefix estimate is used before it is looked up again
+
+
+class DecodeRows(Protocol):
+    """A step's decode rows as the policy reads them (scheduler.ScheduledBatch)."""
+
+    requests: list[Request]
+
+    def shape(self) -> StepShape: ...
+
+    def __len__(self) -> int: ...
 
 
 class SloPolicy:
@@ -37,7 +44,7 @@ class SloPolicy:
         """`req` was admitted or finished: its cached-prefix estimate goes."""
         self._estimates.pop(req, None)
 
-    def prefill_seconds(self, batch: ScheduledBatch) -> float | None:
+    def prefill_seconds(self, batch: DecodeRows) -> float | None:
         """The time prefill may take in a step whose decode rows are `batch`: what keeps the step within
         `step_s`, but never less than the decode rows take (the step's first prompt chunk also gets at least
         MIN_STEP_PREFILL tokens); None (tokens alone size the step) without a decode row that can still meet
@@ -71,7 +78,7 @@ class SloPolicy:
         steps = work / max(per_step, 1e-6)  # steps of `seconds` it would take, each a step's time apart
         return now + work <= deadline < now + steps * self.step_s
 
-    def order(self, prefilling: list[Request], waiting: list[Request], decode: ScheduledBatch) -> list[Request]:
+    def order(self, prefilling: list[Request], waiting: list[Request], decode: DecodeRows) -> list[Request]:
         """Running prompts and waiting requests together, in prefill_plan's order; `decode` is the step's
         decode rows: while there are any, prefill gets only what a step has left, so its work takes longer."""
         now = self.clock()

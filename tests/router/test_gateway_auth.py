@@ -122,8 +122,10 @@ def test_tenants_share_no_cached_response_through_the_gateway(http: httpx.Client
 def dashboard_series() -> set[str]:
     """The metric names the dashboard page reads (after its `kvstrata:` prefix is cut)."""
     html = dashboard_html()
-    names = set(re.findall(r'sum\((?:m|prev), "(\w+)"', html)) | set(re.findall(r'm\["(\w+)"\]', html))
-    assert {"prefix_cache_hits_total", "time_to_first_token_seconds_bucket", "kv_cache_usage_perc"} <= names
+    names = set(re.findall(r'sum\((?:m|prev|first), "(\w+)"', html)) | set(re.findall(r'm\["(\w+)"\]', html))
+    names |= {h + "_bucket" for h in re.findall(r'recent\(m, "(\w+)"\)', html)}  # histograms, read by their buckets
+    assert {"prefix_cache_hits_total", "time_to_first_token_seconds_bucket", "kv_cache_usage_perc",
+            "request_goodput_total", "request_ttft_slack_seconds_bucket"} <= names
     return names
 
 
