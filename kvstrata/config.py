@@ -215,7 +215,7 @@ class SchedulerConfig:
         "against it (goodput and slack in /metrics)", min=1)
     tpot_target_ms: float = opt(
         200.0, "the time-per-output-token target: under the slo policy a step with decode rows takes only the "
-        "prefill that keeps it within this; a finished request's mean is counted against it (/metrics)", min=1)
+        "prefill that keeps it within 3/4 of this; a finished request's mean is counted against it (/metrics)", min=1)
 
 
 @dataclass(frozen=True)
