@@ -17,12 +17,15 @@ within each priority (lower value first, always):
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from itertools import groupby
 
 from kvstrata.engine.request import Request
 
 AGING_TARGETS = 4.0  # a prompt waiting this many TTFT targets goes ahead of every newer one of its priority
+# the leading on-time prompts reordered shortest first (quadratic in them, and the plan is made every step)
+SHORTEST_FIRST_MAX = 64
 
 
 @dataclass(frozen=True)
@@ -56,17 +59,19 @@ def slo_order(prompts: list[Prompt], now: float, ttft_target_s: float) -> list[R
 
 def _moore_hodgson(prompts: list[Prompt], start: float, target_s: float) -> tuple[list[Prompt], list[Prompt]]:
     """(the prompts kept, by deadline; the ones that yield), starting at `start`."""
-    kept: list[Prompt] = []
-    late: list[Prompt] = []
+    heap: list[tuple[float, float, int]] = []  # (-work, -arrival, index): the largest taken so far on top
+    ordered = sorted(prompts, key=lambda p: p.arrival)  # deadline = arrival + the one target
+    dropped: set[int] = set()
     t = start
-    for p in sorted(prompts, key=lambda p: p.arrival):  # deadline = arrival + the one target
-        kept.append(p)
+    for i, p in enumerate(ordered):
+        heapq.heappush(heap, (-p.work_s, -p.arrival, i))
         t += p.work_s
         if t > p.arrival + target_s:
-            big = max(range(len(kept)), key=lambda i: (kept[i].work_s, kept[i].arrival))
-            t -= kept[big].work_s
-            late.append(kept.pop(big))
-    return kept, late
+            _, _, big = heapq.heappop(heap)
+            t -= ordered[big].work_s
+            dropped.add(big)
+    kept = [p for i, p in enumerate(ordered) if i not in dropped]
+    return kept, [ordered[i] for i in sorted(dropped)]
 
 
 def _shortest_first(prompts: list[Prompt], start: float, target_s: float) -> list[Prompt]:
@@ -74,7 +79,7 @@ def _shortest_first(prompts: list[Prompt], start: float, target_s: float) -> lis
     each place the shortest prompt that keeps every deadline goes first: a short turn need not wait behind a
     long prompt that can afford to let it pass. Moving prompt j to the front delays only the prompts before it
     in deadline order, each by j's work: allowed where j's work is at most the least slack among them."""
-    rest = list(prompts)  # deadline order
+    rest = list(prompts[:SHORTEST_FIRST_MAX])  # deadline order; the ones past it keep that order after them
     out: list[Prompt] = []
     t = start
     while rest:
@@ -88,4 +93,4 @@ def _shortest_first(prompts: list[Prompt], start: float, target_s: float) -> lis
                    key=lambda i: (rest[i].work_s, i))
         t += rest[pick].work_s
         out.append(rest.pop(pick))
-    return out
+    return out + prompts[SHORTEST_FIRST_MAX:]

@@ -1,7 +1,7 @@
 """The slo policy's prefill order: deadlines met, late prompts yield, aged ones first, priorities strict."""
 from __future__ import annotations
 
-from kvstrata.engine.prefill_plan import AGING_TARGETS, Prompt, slo_order
+from kvstrata.engine.prefill_plan import AGING_TARGETS, SHORTEST_FIRST_MAX, Prompt, slo_order
 from kvstrata.engine.request import Request
 from kvstrata.engine.sampling_params import SamplingParams
 
@@ -72,3 +72,12 @@ def test_no_prompt_is_dropped() -> None:
     ps = [prompt(f"p{i}", 95.0 + i * 0.3, 0.1 + (i % 5) * 0.7, priority=i % 2) for i in range(20)]
     got = order(*ps)
     assert sorted(got) == sorted(p.req.request_id for p in ps)
+
+
+def test_a_long_queue_reorders_only_its_leading_prompts() -> None:
+    """Shortest-first is quadratic in the prompts it reorders: past SHORTEST_FIRST_MAX they keep deadline order."""
+    ps = [prompt(f"p{i:03d}", 99.0 + i * 1e-3, 0.001 * (1 + (7 * i) % 5)) for i in range(300)]
+    got = order(*ps)
+    assert sorted(got) == sorted(p.req.request_id for p in ps)
+    assert got[SHORTEST_FIRST_MAX:] == [f"p{i:03d}" for i in range(SHORTEST_FIRST_MAX, 300)]
+    assert got[:SHORTEST_FIRST_MAX] != [f"p{i:03d}" for i in range(SHORTEST_FIRST_MAX)]
