@@ -184,14 +184,15 @@ class Engine:
             if not self.spec.measured:
                 self.measure_spec_cost()
             self.spec.draft(batch, self.scheduler.kv, self.sched_cfg.max_num_batched_tokens - sum(batch.num_tokens))
-        shape = batch.shape()
+        shape = batch.shape() if self.scheduler.slo is not None else None  # only the slo policy reads step times
         t = time.perf_counter()
         try:
             step = self.runner.run(batch)
         except Exception as exc:  # one bad batch fails its requests, not the engine
             log.exception("model step failed; failing %d requests", len(batch))
             return self._fail(batch, f"{type(exc).__name__}: {exc}")
-        self.scheduler.timer.observe(shape, time.perf_counter() - t)  # what steps cost here (step_timer.py)
+        if shape is not None:
+            self.scheduler.timer.observe(shape, time.perf_counter() - t)  # what steps cost here (step_timer.py)
         return self.postprocess(batch, step)
 
     def postprocess(self, batch: ScheduledBatch, step: StepResult) -> list[RequestOutput]:

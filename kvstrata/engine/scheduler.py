@@ -86,7 +86,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self.dedup_prefill = cfg.dedup_prefill and kv.cache is not None
-        self.timer = StepTimer()  # fed by the engine after every step
+        self.timer = StepTimer()  # fed by the engine after every step under slo
         self.slo = SloPolicy(cfg, kv, self.timer) if cfg.scheduling_policy == "slo" else None
 
     def can_add(self) -> bool:
@@ -155,10 +155,7 @@ class Scheduler:
         if self.slo is None:  # fcfs: running prompts, then waiting ones (each by priority, then arrival)
             order = sorted(prefilling, key=lambda r: (r.params.priority, r.stats.arrival)) + list(self.waiting)
         else:
-            s.seconds = self.slo.prefill_seconds(s.batch)
-            order = self.slo.order(prefilling, list(self.waiting), s.batch)
-            if s.seconds is not None and order and self.slo.needs_whole_steps(order[0], s.seconds):
-                s.seconds = None
+            order, s.seconds = self.slo.plan(s.batch, prefilling, list(self.waiting))
         for req in order:
             if s.budget <= 0 or s.closed or (s.prefill_tokens and s.seconds is not None and s.seconds <= 0):
                 break
@@ -200,10 +197,11 @@ class Scheduler:
             return
         hit = self.kv.admit(req)  # waiting requests hold no pages
         n = self._chunk(req, s)
-        if self._holds_back(req, n, s.finishing) or n <= 0 or not self.kv.can_allocate(req, n):
+        held = self._holds_back(req, n, s.finishing)
+        if held or n <= 0 or not self.kv.can_allocate(req, n):
             self.kv.release(req)  # give the lock back; try again next step
             s.admitting = False
-            s.closed = s.closed or self._holds_back(req, n, s.finishing)
+            s.closed = s.closed or held
             return
         self.waiting.remove(req)
         if self.slo is not None:

@@ -44,18 +44,33 @@ class SloPolicy:
         """`req` was admitted or finished: its cached-prefix estimate goes."""
         self._estimates.pop(req, None)
 
+    def plan(self, decode: DecodeRows, prefilling: list[Request],
+             waiting: list[Request]) -> tuple[list[Request], float | None]:
+        """(the prompts in the order to prefill them, the step's prefill time or None for tokens alone): `order`
+        and `prefill_seconds` over the step's decode rows, whose time is predicted once; the first prompt gets
+        whole steps where only they make its target (`needs_whole_steps`)."""
+        decode_s = self.timer.predict(decode.shape()) if decode and self.timer.ready else 0.0
+        order = self._order(prefilling + waiting, decode_s)
+        seconds = self._prefill_seconds(decode, decode_s)
+        if seconds is not None and order and self.needs_whole_steps(order[0], seconds):
+            seconds = None
+        return order, seconds
+
     def prefill_seconds(self, batch: DecodeRows) -> float | None:
-        """The time prefill may take in a step whose decode rows are `batch`: what keeps the step within
-        `step_s`, but never less than the decode rows take (the step's first prompt chunk also gets at least
-        MIN_STEP_PREFILL tokens); None (tokens alone size the step) without a decode row that can still meet
-        its targets, or before the step timer has learnt this host. The floor: where the rows alone near the
-        target (many of them, long contexts, a slow spell of the host), prompts cut to slivers would stop the
-        queue while the rows would still miss it; with half of each step, prompts go on at half speed and a row
-        waits at most two of its own steps."""
+        """`plan`'s step prefill time for the decode rows `batch` (see `_prefill_seconds`)."""
+        return self._prefill_seconds(batch, self.timer.predict(batch.shape()) if self.timer.ready else 0.0)
+
+    def _prefill_seconds(self, batch: DecodeRows, decode_s: float) -> float | None:
+        """The time prefill may take in a step whose decode rows are `batch` (predicted to take `decode_s`): what
+        keeps the step within `step_s`, but never less than the decode rows take (the step's first prompt chunk
+        also gets at least MIN_STEP_PREFILL tokens); None (tokens alone size the step) without a decode row that
+        can still meet its targets, or before the step timer has learnt this host. The floor: where the rows
+        alone near the target (many of them, long contexts, a slow spell of the host), prompts cut to slivers
+        would stop the queue while the rows would still miss it; with half of each step, prompts go on at half
+        speed and a row waits at most two of its own steps."""
         if not self.timer.ready or not any(map(self._on_target, batch.requests)):
             return None
-        decode = self.timer.predict(batch.shape())
-        return max(self.step_s - decode, decode)
+        return max(self.step_s - decode_s, decode_s)
 
     def _on_target(self, req: Request) -> bool:
         """Whether a decoding request can still meet both targets: its first token came within the TTFT target.
@@ -71,29 +86,32 @@ class SloPolicy:
         decode rows lose one step's worth of TPOT)."""
         if req.num_output_tokens > 0:
             return False
-        done = req.num_computed_tokens if req.status is RequestStatus.RUNNING else self._estimates.get(req, (0.0, 0))[1]
         now, deadline = self.clock(), req.stats.arrival + self.ttft_s
+        done = self._done(req, now, refresh=False)  # plan's order has just looked it up
         work = self.timer.prefill_seconds(done, req.num_tokens - done)
         per_step = self.timer.prefill_seconds(done, max(1, self.timer.prefill_tokens_within(seconds, done)))
         steps = work / max(per_step, 1e-6)  # steps of `seconds` it would take, each a step's time apart
         return now + work <= deadline < now + steps * self.step_s
 
-    def order(self, prefilling: list[Request], waiting: list[Request], decode: DecodeRows) -> list[Request]:
-        """Running prompts and waiting requests together, in prefill_plan's order; `decode` is the step's
-        decode rows: while there are any, prefill gets only what a step has left, so its work takes longer."""
+    def _order(self, prompts: list[Request], decode_s: float) -> list[Request]:
+        """Running prompts and waiting requests together, in prefill_plan's order; while decode rows take
+        `decode_s` of each step, prefill gets only what a step has left, so its work takes longer."""
         now = self.clock()
-        share = 1.0 - self.timer.predict(decode.shape()) / self.step_s if decode and self.timer.ready else 1.0
-        stretch = 1.0 / max(0.5, share)
-        prompts = [Prompt(r, stretch * self._work(r, now)) for r in prefilling + waiting]
-        return slo_order(prompts, now, self.ttft_s)
+        stretch = 1.0 / max(0.5, 1.0 - decode_s / self.step_s)
+        return slo_order([Prompt(r, stretch * self._work(r, now)) for r in prompts], now, self.ttft_s)
 
     def _work(self, req: Request, now: float) -> float:
-        """Predicted seconds of prefill left for `req`; a waiting request's cached prefix re-estimated every
-        ESTIMATE_TTL_S (the cache fills as other prompts run)."""
+        """Predicted seconds of prefill left for `req`."""
+        done = self._done(req, now)
+        return self.timer.prefill_seconds(done, req.num_tokens - done)
+
+    def _done(self, req: Request, now: float, refresh: bool = True) -> int:
+        """Tokens `req` need not prefill: a running request's computed ones, a waiting one's cached prefix,
+        looked up again every ESTIMATE_TTL_S (the cache fills as other prompts run) where `refresh`."""
         if req.status is RequestStatus.RUNNING:
-            return self.timer.prefill_seconds(req.num_computed_tokens, req.num_uncomputed)
+            return req.num_computed_tokens
         at, cached = self._estimates.get(req, (-1e9, 0))
-        if now - at > ESTIMATE_TTL_S:
+        if refresh and now - at > ESTIMATE_TTL_S:
             cached = self.kv.cached_tokens(req)
             self._estimates[req] = (now, cached)
-        return self.timer.prefill_seconds(cached, req.num_tokens - cached)
+        return cached
