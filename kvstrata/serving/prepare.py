@@ -85,11 +85,14 @@ def _finish(
     return PreparedRequest(prompts, params, req.timeout)
 
 
-def reply_reasoning(req: ChatCompletionRequest, tokenizer: Tokenizer, reasoning_parser: str) -> str | None:
+def reply_reasoning(req: ChatCompletionRequest, tokenizer: Tokenizer, reasoning_parser: str,
+                    constrained: bool | None = None) -> str | None:
     """The reasoning parser of this request's replies: None when thinking is off, the template has none,
-    or the reply is constrained (a forced call, a response_format schema: the grammar holds from its
-    first token, so the whole reply is content)."""
-    if not req.thinking or forced_tool(req.tool_choice, req.tools) or response_schema(req.response_format) is not None:
+    or the reply is `constrained` (a forced call, a response_format schema: the grammar holds from its
+    first token, so the whole reply is content; None: read from the request, planned before)."""
+    if constrained is None:
+        constrained = bool(forced_tool(req.tool_choice, req.tools)) or response_schema(req.response_format) is not None
+    if not req.thinking or constrained:
         return None
     template = tokenizer.chat_template
     return resolve_reasoning_parser(reasoning_parser, template.source if template is not None else None)
@@ -119,7 +122,7 @@ def prepare_chat(
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     prepared = _finish(req, engine, [prompt], max_tokens, None)
     return replace(prepared, params=replace(prepared.params, grammar=plan.grammar), tool_format=plan.tool_format,
-                   reasoning=reply_reasoning(req, engine.tokenizer, reasoning_parser))
+                   reasoning=reply_reasoning(req, engine.tokenizer, reasoning_parser, plan.constrained))
 
 
 def prepare_completion(req: CompletionRequest, engine: AsyncEngine) -> PreparedRequest:

@@ -30,19 +30,27 @@ class ToolPlan:
     template_tools: list[dict[str, Any]] | None
     tool_format: ToolCallFormat | None  # None: replies are plain content
     grammar: str | None  # llguidance grammar the reply must follow
+    constrained: bool  # a forced call or a response_format schema holds from the reply's first token
 
 
 def _template_source(tokenizer: Tokenizer) -> str | None:
     return tokenizer.chat_template.source if tokenizer.chat_template is not None else None
 
 
-def reply_format(req: ChatCompletionRequest, tokenizer: Tokenizer, parser: str) -> ToolCallFormat | None:
-    """The format replies are parsed with (None: not parsed for calls)."""
-    if not req.tools or req.tool_choice == "none":
+def _parsed_format(req: ChatCompletionRequest, fmt: ToolCallFormat, forced: list[dict[str, Any]],
+                   schema: dict[str, Any] | None) -> ToolCallFormat | None:
+    """`fmt` when replies are parsed for calls: tools shown, and no response_format schema unless a
+    call is forced (a forced call wins: that reply is the call)."""
+    if not req.tools or req.tool_choice == "none" or (schema is not None and not forced):
         return None
-    if response_schema(req.response_format) is not None and not forced_tool(req.tool_choice, req.tools):
-        return None  # the reply is the structured content
-    return pick_format(parser, _template_source(tokenizer))
+    return fmt
+
+
+def reply_format(req: ChatCompletionRequest, tokenizer: Tokenizer, parser: str) -> ToolCallFormat | None:
+    """The format replies are parsed with (None: not parsed for calls), for a request planned before
+    (a response-cache hit replays it: no checks here)."""
+    fmt = pick_format(parser, _template_source(tokenizer))
+    return _parsed_format(req, fmt, forced_tool(req.tool_choice, req.tools), response_schema(req.response_format))
 
 
 def template_input(req: ChatCompletionRequest, tokenizer: Tokenizer, parser: str) -> tuple[list[dict[str, Any]],
@@ -50,20 +58,28 @@ def template_input(req: ChatCompletionRequest, tokenizer: Tokenizer, parser: str
     """(messages, tools) the chat template renders; no checks (the DP gateway renders prompts with
     it too, so its page hashes are the rank's)."""
     source = _template_source(tokenizer)
+    return _rendered(req, [m.for_template() for m in req.messages], source, pick_format(parser, source))
+
+
+def _rendered(req: ChatCompletionRequest, messages: list[dict[str, Any]], source: str | None,
+              fmt: ToolCallFormat) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     shown = None if req.tool_choice == "none" else req.tools
-    messages = [m.for_template() for m in req.messages]
-    return messages_for_template(messages, shown, pick_format(parser, source), template_renders_tools(source))
+    return messages_for_template(messages, shown, fmt, template_renders_tools(source))
 
 
 def plan_tools(req: ChatCompletionRequest, tokenizer: Tokenizer, parser: str) -> ToolPlan:
-    """Validate the tool fields (400s naming them) and plan the prompt and the constraint."""
-    check_history_calls([m.for_template() for m in req.messages])
+    """One pass over the tool fields: each is checked as the plan takes it (a 400 naming it), and the
+    plan is built from what the checks return."""
+    history = [m.for_template() for m in req.messages]
+    check_history_calls(history)
     budget = SchemaBudget()  # OpenAI's limits hold over all of the request's schemas
     if req.tools:
         check_tools(req.tools, budget)
     forced = forced_tool(req.tool_choice, req.tools)
     schema = response_schema(req.response_format, budget)
-    messages, template_tools = template_input(req, tokenizer, parser)
-    fmt = pick_format(parser, _template_source(tokenizer))
+    source = _template_source(tokenizer)
+    fmt = pick_format(parser, source)
+    messages, template_tools = _rendered(req, history, source, fmt)
     grammar = tool_call_grammar(fmt, forced) if forced else json_grammar(schema) if schema is not None else None
-    return ToolPlan(messages, template_tools, reply_format(req, tokenizer, parser), grammar)
+    return ToolPlan(messages, template_tools, _parsed_format(req, fmt, forced, schema), grammar,
+                    constrained=bool(forced) or schema is not None)
