@@ -6,8 +6,9 @@ import logging
 import sys
 from dataclasses import fields
 
-from kvstrata.config import CacheConfig, ModelConfig, RouterConfig, SchedulerConfig, ServerConfig
+from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig
 from kvstrata.config_flags import ConfigError, add_arguments, from_namespace
+from kvstrata.config_server import RouterConfig, ServerConfig
 from kvstrata.model.cpu_caps import CpuIsaError, isa_cap
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import kvstrata
 
 ROOT = Path(kvstrata.__file__).parent
-ORDER = ["config", "config_flags", "process_tree", "model", "kv", "engine", "metrics", "serving", "router", "bench", "analyze"]  # docs/architecture.md
+ORDER = ["config", "config_server", "config_flags", "process_tree", "model", "kv", "engine", "metrics", "serving", "router", "bench", "analyze"]  # docs/architecture.md
 TOP = {"__init__", "cli"}  # the package's front door and the main CLI may import anything
 
 

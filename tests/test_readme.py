@@ -1,5 +1,6 @@
 """README.md stays one true page: at most 300 lines, and its `kvstrata serve` flag tables name exactly the
-flags `kvstrata serve --help` has (the parser is built from kvstrata/config.py, where defaults live)."""
+flags `kvstrata serve --help` has (the parser is built from kvstrata/config.py and config_server.py, where
+defaults live)."""
 from __future__ import annotations
 
 import argparse

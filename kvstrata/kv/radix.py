@@ -12,15 +12,13 @@ Invariants (`check_integrity()`):
 - node.lock_ref == node.pins + sum(child.lock_ref), so an unlocked node has no locked descendant
   and every unlocked page can be evicted (leaves first).
 - num_evictable_pages == number of page nodes with lock_ref == 0.
-- every unlocked leaf has a heap entry (priority, seq, node, last_access); stale entries are skipped
-  on pop. priority = eviction class (eviction_policy.py: probation < protected < retained) then recency.
+- every unlocked leaf has a heap entry at its last_access in radix_evictor.py's eviction order
+  (eviction class, then recency); stale entries are skipped on pop.
 - a node removed from the tree has parent None (only `_top` is attached with parent None).
 """
 from __future__ import annotations
 
-import heapq
 import hashlib
-import itertools
 import logging
 from typing import Sequence
 
@@ -28,6 +26,7 @@ from kvstrata.kv import eviction_policy as ep
 from kvstrata.kv.hashing import TOKEN_BYTES, salt_bytes, token_bytes, tokens_from_bytes
 from kvstrata.kv.pool import PagePool
 from kvstrata.kv.radix_check import check_radix
+from kvstrata.kv.radix_evictor import RadixEvictor
 from kvstrata.kv.radix_node import (  # noqa: F401 - re-exported: callers import them from here
     CacheIntegrityError,
     Evicted,
@@ -55,8 +54,7 @@ class RadixPrefixCache:
         self._page_node: dict[int, Node] = {}
         self._num_evictable = 0
         self._clock = 0  # LRU time: bumped by lock() and insert(), never by match()
-        self._lru: list[tuple[int, int, Node, int]] = []  # lazy min-heap over unlocked leaves
-        self._seq = itertools.count()  # heap tie-break, so entries never compare nodes
+        self._evictor = RadixEvictor(self.policy, self._top, self._page_node)  # shares the page index
         self.evicting: list[tuple[int, float]] = []  # (class, retain_until) of the pages on_evict is given
         self.inserting: tuple[int, float] = (ep.PROBATION, 0.0)  # (class, retain_until) of on_insert's pages
         self.hits_by_class = [0, 0, 0]  # pages hit by admissions, by their class before the hit
@@ -133,7 +131,7 @@ class RadixPrefixCache:
             if n.lock_ref == 0 and n.page is not None:
                 self._num_evictable += 1
                 if not n.children:
-                    self._push(n)
+                    self._evictor.push(n)
             n = n.parent
 
     def insert(
@@ -232,7 +230,7 @@ class RadixPrefixCache:
             n.cls, n.retain_until = max(n.cls, cls), max(n.retain_until, retain_until)
         if i == k:
             if node.page is not None and node.lock_ref == 0 and not node.children:
-                self._push(node)  # refreshed leaf: re-enter the LRU heap at its new time
+                self._evictor.push(node)  # refreshed leaf: re-enter the LRU heap at its new time
             return dups, walked
         new_pages = pages[i:k]
         if start is None:
@@ -250,7 +248,7 @@ class RadixPrefixCache:
             created.append(child)
             node = child
         self._num_evictable += k - i
-        self._push(node)
+        self._evictor.push(node)
         if self.on_insert:
             self.inserting = (cls, retain_until)  # for on_insert hooks: the new pages' class
             hashes = [n.hash for n in created]
@@ -265,25 +263,7 @@ class RadixPrefixCache:
         still owns the pages, then frees them to the pool and returns them; fewer than asked when
         fewer are evictable. The engine is single-threaded, so nothing can reuse a freed page
         before the caller (and any tier copying victims in a hook) has seen it."""
-        victims: list[Node] = []
-        lru = self._lru
-        while len(victims) < num_pages and lru:
-            _, _, node, stamp = heapq.heappop(lru)
-            if node.parent is None or node.children or node.lock_ref or node.last_access != stamp:
-                continue  # stale entry: removed, grew a child, locked, or touched since pushed
-            while True:  # walk up the branch while its next node is the LRU leaf: no heap round trip
-                parent: Node = node.parent  # type: ignore[assignment]
-                self._detach(node)
-                victims.append(node)
-                if parent.children or parent.lock_ref:
-                    break
-                if parent.page is None:
-                    self._detach(parent)  # an empty subtree root
-                    break
-                if len(victims) == num_pages or (lru and lru[0][0] < self._priority(parent)):
-                    self._push(parent)
-                    break
-                node = parent
+        victims = self._evictor.evict(num_pages)
         self._num_evictable -= len(victims)
         logger.debug("prefix_cache_evict requested=%d freed=%d", num_pages, len(victims))
         return self._release(victims)
@@ -291,19 +271,8 @@ class RadixPrefixCache:
     def reset(self) -> list[int]:
         """Changes state (flush): removes every unlocked node; locked paths stay. Calls on_evict,
         frees the pages to the pool, calls on_reset and returns the freed pages."""
-        victims = [n for n in self._page_node.values() if not n.lock_ref]  # whole unlocked subtrees
-        for node in victims:
-            parent: Node = node.parent  # type: ignore[assignment]
-            if parent.page is None or parent.lock_ref:  # the top of an unlocked subtree
-                del parent.children[node.key]  # type: ignore[index]
-        for node in victims:
-            node.parent = None
-            del self._page_node[node.page]  # type: ignore[index]
-        for sub in list(self._top.children.values()):
-            if not sub.lock_ref:  # then nothing below it was locked either
-                self._detach(sub)
+        victims = self._evictor.flush()
         self._num_evictable -= len(victims)
-        self._lru = []  # no unlocked node is left
         logger.info("prefix_cache_reset freed=%d kept=%d", len(victims), len(self._page_node))
         freed = self._release(victims).pages
         for hook in self.on_reset:
@@ -312,25 +281,9 @@ class RadixPrefixCache:
 
     def check_integrity(self) -> None:
         """Check the invariants in the module docstring; raise CacheIntegrityError."""
-        check_radix(self._top, self._lru, self._page_node, self._num_evictable, self.page_size, self.pool)
+        check_radix(self._top, self._evictor.heap, self._page_node, self._num_evictable, self.page_size, self.pool)
 
     # -- internals -------------------------------------------------------------------------------
-
-    def _detach(self, node: Node) -> None:
-        del node.parent.children[node.key]  # type: ignore[union-attr,arg-type]
-        node.parent = None
-        if node.page is not None:
-            del self._page_node[node.page]
-
-    def _priority(self, node: Node) -> int:
-        return ep.priority(self.policy, node.cls, node.retain_until, node.last_access, ep.now())
-
-    def _push(self, node: Node) -> None:
-        heapq.heappush(self._lru, (self._priority(node), next(self._seq), node, node.last_access))
-        if len(self._lru) > 2 * len(self._page_node) + 64:  # drop stale entries, amortized O(1)
-            nodes = [n for n in self._page_node.values() if not n.lock_ref and not n.children]
-            self._lru = [(self._priority(n), next(self._seq), n, n.last_access) for n in nodes]
-            heapq.heapify(self._lru)
 
     def _release(self, victims: list[Node]) -> Evicted:
         evicted = Evicted([n.page for n in victims], [n.hash for n in victims])  # type: ignore[misc]

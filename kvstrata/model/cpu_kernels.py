@@ -38,9 +38,11 @@ SOURCES = (CSRC / "paged_decode.cpp", CSRC / "paged_prefill.cpp", CSRC / "rms_no
            CSRC / "rope_store.cpp", CSRC / "silu_mul.cpp", CSRC / "int8_head.cpp",
            CSRC / "int_dot_linear.cpp", CSRC / "int_dot_dequant.cpp",
            CSRC / "decode_layers.cpp", CSRC / "gguf_rows.cpp")  # paged_decode.cpp defines the op library
-HEADERS = (CSRC / "exp_approx.h", CSRC / "paged_prefill_portable.h", CSRC / "int_dot_common.h",
-           CSRC / "int_dot_amx.h", CSRC / "amx_tiles.h", CSRC / "paged_decode_amx.h", CSRC / "paged_decode_fma.h",
-           CSRC / "int_dot_avx2.h", CSRC / "int_dot_q8_bytes.h")  # included by the sources: in the build tag too
+HEADERS = (CSRC / "exp_approx.h", CSRC / "paged_prefill_portable.h", CSRC / "paged_prefill_avx512.h",
+           CSRC / "int_dot_common.h", CSRC / "int_dot_amx.h", CSRC / "amx_tiles.h", CSRC / "paged_decode_amx.h",
+           CSRC / "paged_decode_fma.h", CSRC / "int_dot_avx2.h", CSRC / "int_dot_avx2_common.h",
+           CSRC / "int_dot_avx2_q4.h", CSRC / "int_dot_avx2_hb.h",
+           CSRC / "int_dot_q8_bytes.h")  # included by the sources: in the build tag too
 CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=fast"]
 MARCH = {"native": ["-march=native"], "avx2": ["-march=x86-64-v3", "-mtune=native"],
          "portable": ["-march=x86-64", "-mtune=native"]}  # by cpu_caps.isa_cap()

@@ -29,7 +29,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from kvstrata.config import RouterConfig, ServerConfig
+from kvstrata.config_server import RouterConfig, ServerConfig
 from kvstrata.metrics import CONTENT_TYPE
 from kvstrata.router.gateway import Gateway, send_headers
 from kvstrata.router.passthrough import any_rank

@@ -23,7 +23,7 @@ import httpx
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from kvstrata.config import RouterConfig
+from kvstrata.config_server import RouterConfig
 from kvstrata.router.key_affinity import KeyAffinity, affinity_key
 from kvstrata.router.policy import Decision, make_policy
 from kvstrata.router.prompt import Prompt, PromptHasher

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
-from kvstrata.config import RouterConfig
+from kvstrata.config_server import RouterConfig
 from kvstrata.router.policy import Decision, RankLoad, overloaded
 from kvstrata.serving.messages.cache_hints import session_key
 

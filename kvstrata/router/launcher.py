@@ -26,8 +26,9 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kvstrata.config import CacheConfig, ModelConfig, RouterConfig, SchedulerConfig, ServerConfig
+from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig
 from kvstrata.config_flags import ConfigError
+from kvstrata.config_server import RouterConfig, ServerConfig
 from kvstrata.kv.event_wire import KVEventsConfig
 from kvstrata.router.policy import make_policy
 from kvstrata.serving.ports import free_port, port_is_free

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from kvstrata.config import RouterConfig
+from kvstrata.config_server import RouterConfig
 
 
 @dataclass(frozen=True)

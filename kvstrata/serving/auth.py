@@ -35,8 +35,8 @@ from urllib.parse import parse_qs
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kvstrata.config import ServerConfig
 from kvstrata.config_flags import ConfigError
+from kvstrata.config_server import ServerConfig
 from kvstrata.serving.errors import error_response
 from kvstrata.serving.prepare import PreparedRequest
 

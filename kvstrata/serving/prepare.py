@@ -13,13 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from kvstrata.engine.sampling_params import InvalidRequestError, SamplingParams
 from kvstrata.serving.errors import APIError, quote
-from kvstrata.serving.protocol import (
-    COMPLETIONS_DEFAULT_MAX_TOKENS,
-    ChatCompletionRequest,
-    CompletionRequest,
-    _SamplingRequest,
-)
+from kvstrata.serving.protocol import COMPLETIONS_DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest
 from kvstrata.serving.reasoning import resolve_reasoning_parser
+from kvstrata.serving.sampling_request import SamplingRequest
 from kvstrata.serving.tool_calls.formats import ToolCallFormat
 from kvstrata.serving.tool_calls.plan import ToolPlan, plan_tools
 from kvstrata.serving.tool_calls.validate import forced_tool, response_schema
@@ -49,7 +45,7 @@ def check_model(model: str | None, engine: AsyncEngine) -> None:
 
 
 def _finish(
-    req: _SamplingRequest, engine: AsyncEngine, prompts: list[list[int]], max_tokens: int | None, default: int | None
+    req: SamplingRequest, engine: AsyncEngine, prompts: list[list[int]], max_tokens: int | None, default: int | None
 ) -> PreparedRequest:
     """Check prompt lengths/ids and parameters, clamp max_tokens to the room left in the context."""
     limit, vocab = engine.max_model_len, engine.vocab_size

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Callable
 
 import uvicorn
 
-from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig, ServerConfig
+from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig
+from kvstrata.config_server import ServerConfig
 from kvstrata.serving.h11_errors import protocol_settings
 from kvstrata.serving.openai_api import build_app
 from kvstrata.serving.shutdown import DrainingServer, drain_then_stop, watch_engine

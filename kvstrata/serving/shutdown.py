@@ -22,7 +22,7 @@ from typing import Callable, Protocol
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kvstrata.config import ServerConfig
+from kvstrata.config_server import ServerConfig
 from kvstrata.serving.errors import error_response
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig, ServerConfig
+from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig
+from kvstrata.config_server import ServerConfig
 from kvstrata.serving.auth import ApiKeys
 from kvstrata.serving.errors import APIError
 from kvstrata.metrics.rank import LatencyTargets, Metrics

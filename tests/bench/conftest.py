@@ -8,7 +8,8 @@ from typing import Any, Iterator
 import pytest
 
 from _fake_openai_peer import FakePeer, serve_fake_peer
-from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig, ServerConfig
+from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig
+from kvstrata.config_server import ServerConfig
 from kvstrata.engine.async_engine import AsyncEngine
 from kvstrata.serving.server import ServerThread
 from kvstrata.serving.state import ServerState

@@ -275,6 +275,6 @@ def test_lru_heap_stays_bounded_under_lock_churn() -> None:
         node = node_a if i % 2 else node_b  # a is touched last
         cache.lock(node)
         cache.unlock(node)
-    assert len(cache._lru) <= 2 * cache.num_cached_pages + 65  # stale entries get compacted
+    assert len(cache._evictor.heap) <= 2 * cache.num_cached_pages + 65  # stale entries get compacted
     check(pool, cache)
     assert cache.evict(4).pages == [b[1], b[0], a[1], a[0]]

@@ -15,7 +15,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvstrata.config import CacheConfig, ModelConfig, RouterConfig, SchedulerConfig, ServerConfig
+from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig
+from kvstrata.config_server import RouterConfig, ServerConfig
 from kvstrata.router.app import GatewayThread
 from kvstrata.router.launcher import RankSupervisor, rank_specs
 from kvstrata.serving.auth import COOKIE

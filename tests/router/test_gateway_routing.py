@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kvstrata.config import RouterConfig
+from kvstrata.config_server import RouterConfig
 from kvstrata.router.gateway import Gateway
 from kvstrata.router.prompt import Prompt
 

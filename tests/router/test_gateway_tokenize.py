@@ -11,7 +11,8 @@ from typing import Iterator
 import httpx
 import pytest
 
-from kvstrata.config import CacheConfig, ModelConfig, RouterConfig, SchedulerConfig, ServerConfig
+from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig
+from kvstrata.config_server import RouterConfig, ServerConfig
 from kvstrata.engine.async_engine import AsyncEngine
 from kvstrata.router.app import GatewayThread
 from kvstrata.serving.ports import free_port

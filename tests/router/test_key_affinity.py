@@ -2,7 +2,7 @@
 past the balance thresholds, never crosses tenants, and the map stays bounded."""
 from __future__ import annotations
 
-from kvstrata.config import RouterConfig
+from kvstrata.config_server import RouterConfig
 from kvstrata.router.key_affinity import KeyAffinity, affinity_key
 from kvstrata.router.policy import Decision, RankLoad
 

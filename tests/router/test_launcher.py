@@ -18,8 +18,8 @@ from typing import Callable, Iterator
 import httpx
 import pytest
 
-from kvstrata.config import ServerConfig
 from kvstrata.config_flags import ConfigError
+from kvstrata.config_server import ServerConfig
 from kvstrata.router.launcher import rank_ports
 from kvstrata.serving.ports import free_port
 from proc_support import KvstrataProcess, alive, descendants, wait_for

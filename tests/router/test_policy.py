@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvstrata.config import RouterConfig
+from kvstrata.config_server import RouterConfig
 from kvstrata.kv.event_wire import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from kvstrata.router.cache_index import RankCacheIndex
 from kvstrata.router.policy import CacheAware, CostAware, LeastLoad, RankLoad, RoundRobin, make_policy

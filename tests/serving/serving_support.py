@@ -8,7 +8,8 @@ from typing import Any, AsyncIterator, Iterator
 import httpx
 import openai
 
-from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig, ServerConfig
+from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig
+from kvstrata.config_server import ServerConfig
 from kvstrata.engine.async_engine import AsyncEngine
 from kvstrata.engine.outputs import RequestOutput
 from kvstrata.engine.sampling_params import SamplingParams

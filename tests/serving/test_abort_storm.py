@@ -14,7 +14,8 @@ from typing import Iterator
 import httpx
 import pytest
 
-from kvstrata.config import CacheConfig, ModelConfig, ServerConfig
+from kvstrata.config import CacheConfig, ModelConfig
+from kvstrata.config_server import ServerConfig
 from kvstrata.engine.async_engine import AsyncEngine
 from kvstrata.serving.state import ServerState
 from serving_support import SCHED, make_state, serve

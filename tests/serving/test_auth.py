@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from kvstrata.cli import build_parser
-from kvstrata.config import ServerConfig
 from kvstrata.config_flags import from_namespace
+from kvstrata.config_server import ServerConfig
 from kvstrata.engine.async_engine import AsyncEngine
 from kvstrata.serving.auth import COOKIE, ApiKeys, read_key_file, tenant_extra_key
 from kvstrata.serving.body_scan import json_depth

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from kvstrata.config import ServerConfig
+from kvstrata.config_server import ServerConfig
 from kvstrata.engine.async_engine import AsyncEngine
 from serving_support import make_state, openai_client, serve
 

@@ -16,7 +16,8 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 
-from kvstrata.config import ModelConfig, ServerConfig
+from kvstrata.config import ModelConfig
+from kvstrata.config_server import ServerConfig
 from kvstrata.engine.async_engine import AsyncEngine
 from serving_support import CACHE, SCHED, make_state, serve
 

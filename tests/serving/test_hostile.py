@@ -17,7 +17,7 @@ from typing import Any, Iterator, NamedTuple
 import httpx
 import pytest
 
-from kvstrata.config import ServerConfig
+from kvstrata.config_server import ServerConfig
 from kvstrata.engine.async_engine import AsyncEngine
 from polling import wait_for
 from serving_support import make_state, serve

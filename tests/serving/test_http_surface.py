@@ -6,7 +6,7 @@ from pathlib import Path
 
 from serving_support import make_state
 
-from kvstrata.config import ServerConfig
+from kvstrata.config_server import ServerConfig
 from kvstrata.router.app import build_gateway_app
 from kvstrata.serving.auth import ApiKeys
 from kvstrata.serving.openai_api import build_app

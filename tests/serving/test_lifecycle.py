@@ -170,7 +170,8 @@ def test_run_server_warms_up_serves_and_stops(tiny_model_dir: Path, tmp_path: Pa
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code = (
-        "from kvstrata.config import *; from kvstrata.serving.server import run_server; "
+        "from kvstrata.config import *; from kvstrata.config_server import ServerConfig; "
+        "from kvstrata.serving.server import run_server; "
         f"run_server(ModelConfig(model={str(tiny_model_dir)!r}, dtype='float32', max_model_len=256), "
         f"CacheConfig(max_total_tokens=1024), SchedulerConfig(), ServerConfig(port={port}, log_level='info'))"
     )

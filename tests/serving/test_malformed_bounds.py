@@ -9,10 +9,10 @@ from typing import Iterator
 import httpx
 import pytest
 
-from kvstrata.config import ServerConfig
+from kvstrata.config_server import ServerConfig
 from kvstrata.engine.async_engine import AsyncEngine
 from kvstrata.engine.sampling_params import MAX_SEED, MAX_STOP_STRING_CHARS, MAX_STOP_TOKEN_IDS
-from kvstrata.serving.protocol import MAX_CACHE_SALT_CHARS
+from kvstrata.serving.sampling_request import MAX_CACHE_SALT_CHARS
 from serving_support import RecordingEngine, make_state, serve
 from test_malformed import JSON_CT, Case, C, H, chat, check_error, comp
 

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from kvstrata.config import ServerConfig
+from kvstrata.config_server import ServerConfig
 from kvstrata.engine.async_engine import AsyncEngine
 from kvstrata.serving.server import ServerThread
 from serving_support import make_state, serve

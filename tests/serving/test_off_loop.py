@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 import httpx
 import pytest
 
-from kvstrata.config import RouterConfig, ServerConfig
+from kvstrata.config_server import RouterConfig, ServerConfig
 from kvstrata.engine.async_engine import AsyncEngine
 from kvstrata.router.gateway import Gateway
 from kvstrata.serving import limits, openai_api

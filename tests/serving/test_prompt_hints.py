@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvstrata.config import ServerConfig
+from kvstrata.config_server import ServerConfig
 from kvstrata.engine.async_engine import AsyncEngine
 from serving_support import USER, assert_error, make_state, openai_client, serve
 

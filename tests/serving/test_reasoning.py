@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvstrata.config import ServerConfig
+from kvstrata.config_server import ServerConfig
 from kvstrata.engine.async_engine import AsyncEngine
 from kvstrata.serving.reasoning import REASONING_PARSERS, ReasoningSplitter, resolve_reasoning_parser, split_reasoning
 from kvstrata.serving.server import ServerThread

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import httpx
 
-from kvstrata.config import ServerConfig
+from kvstrata.config_server import ServerConfig
 from kvstrata.engine.async_engine import AsyncEngine
 from serving_support import make_state, serve
 

@@ -95,7 +95,8 @@ def start_server(
         port = s.getsockname()[1]
     code = (
         f"import sys; {prelude}\n"
-        "from kvstrata.config import *; from kvstrata.serving.server import run_server\n"
+        "from kvstrata.config import *; from kvstrata.config_server import ServerConfig\n"
+        "from kvstrata.serving.server import run_server\n"
         f"sys.exit(run_server(ModelConfig(model={str(tiny_model_dir)!r}, dtype='float32', max_model_len=512), "
         f"CacheConfig(**{ {'max_total_tokens': 4096, **(cache or {})}!r}), SchedulerConfig(), "
         f"ServerConfig(port={port}, log_level='warning', **{server!r})))"

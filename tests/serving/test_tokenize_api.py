@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from kvstrata.config import ServerConfig
+from kvstrata.config_server import ServerConfig
 from kvstrata.engine.async_engine import AsyncEngine
 from kvstrata.serving import tokenize_api
 from serving_support import MAX_MODEL_LEN, USER, assert_error, make_state, serve

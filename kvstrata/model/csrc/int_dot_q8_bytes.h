@@ -1,9 +1,9 @@
 // The AVX2 form of q8 tiles (Q8_0's q8s, and q8) at 8-bit activations for a batch of rows, beside
-// int_dot_avx2.h's hb_half (whose LOADU, HALVES, biases and prefetch it uses); int_dot_linear.cpp's run()
-// and tiles() call it from kQ8SignedRows rows.
+// int_dot_avx2_hb.h's hb_half (it uses their LOADU, HALVES, biases and prefetch: int_dot_avx2_common.h);
+// int_dot_linear.cpp's run() and tiles() call it from kQ8SignedRows rows.
 #pragma once
 
-#include "int_dot_avx2.h"
+#include "int_dot_avx2_common.h"
 
 #if KVSTRATA_AVX2
 namespace kvstrata_int_dot {

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable
 from fastapi import Request
 from pydantic import BaseModel
 
-from kvstrata.config import ServerConfig
 from kvstrata.config_flags import ConfigError
+from kvstrata.config_server import ServerConfig
 from kvstrata.engine.outputs import RequestOutput
 from kvstrata.engine.sampling_params import InvalidRequestError
 from kvstrata.serving.auth import request_tenant

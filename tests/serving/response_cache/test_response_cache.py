@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from kvstrata.cli import build_parser
-from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig, ServerConfig
+from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig
 from kvstrata.config_flags import from_namespace
+from kvstrata.config_server import ServerConfig
 from kvstrata.serving.protocol import ChatCompletionRequest, CompletionRequest
 from kvstrata.serving.response_cache.cache import ResponseCache
 from kvstrata.serving.response_cache.key import (

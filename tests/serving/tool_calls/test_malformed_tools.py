@@ -7,7 +7,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from kvstrata.config import ServerConfig
+from kvstrata.config_server import ServerConfig
 from kvstrata.engine.async_engine import AsyncEngine
 from serving_support import USER, make_state, serve
 from test_malformed import JSON_CT, Case, H, chat, check_error
