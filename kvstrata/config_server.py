@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvstrata.config import CacheConfig, ModelConfig, SchedulerConfig, opt
+from kvstrata.config import opt
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,3 @@ class RouterConfig:
         False, "accepted for SGLang Model Gateway / TokenSpeed command lines; the kvstrata gateway always "
         "routes to each rank itself (and pins a request's data_parallel_rank)"
     )
-
-
-# every config class, the engine's and these, in the order `kvstrata serve` adds their flags
