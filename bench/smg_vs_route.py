@@ -24,11 +24,11 @@ from types import FrameType
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvstrata.bench.achievable import load_tokenizer
 from kvstrata.bench.agentic.driver import run_agentic_workload
 from kvstrata.bench.agentic.workload import AgenticConfig
 from kvstrata.bench.args import default_tokenizer
 from kvstrata.bench.kv.tiers_ttft import server
-from kvstrata.bench.report import load_tokenizer
 from kvstrata.process_tree import pdeathsig_preexec
 from kvstrata.router.launcher import free_port
 

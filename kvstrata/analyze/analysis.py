@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from kvstrata.analyze.divergence import Divergence, find_divergence
 from kvstrata.analyze.grouping import group
 from kvstrata.analyze.rendered import render
-from kvstrata.bench.report import PrefixLedger
+from kvstrata.bench.achievable import PrefixLedger
 
 if TYPE_CHECKING:
     from kvstrata.model.tokenizer import Tokenizer

@@ -31,7 +31,7 @@ def tokenizer_path(smollm2_path: Path) -> str:
 
 @pytest.fixture(scope="session")
 def tokenizer(tokenizer_path: str) -> Any:
-    from kvstrata.bench.report import load_tokenizer
+    from kvstrata.bench.achievable import load_tokenizer
 
     return load_tokenizer(tokenizer_path)
 

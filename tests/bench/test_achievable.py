@@ -1,23 +1,20 @@
 """Achievable cached tokens: whole pages of what the server already held, never the last token."""
 from __future__ import annotations
 
-import random
 from typing import Any
 
-import numpy as np
 import pytest
 
-from kvstrata.bench.agentic.driver import RequestRecord
-from kvstrata.bench.client import ChatResult
-from kvstrata.bench.report import (
+from kvstrata.bench.achievable import (
     PrefixLedger,
     SentSequence,
     achievable_tokens,
-    percentile,
     prompt_token_ids,
     sent_sequence,
 )
+from kvstrata.bench.agentic.driver import RequestRecord
 from kvstrata.bench.agentic.workload import AgenticConfig, generate_agentic
+from kvstrata.bench.client import ChatResult
 
 
 def test_ledger_matches_whole_pages_and_never_the_last_token() -> None:
@@ -96,14 +93,3 @@ def test_sent_sequence_drops_the_last_token_of_a_cut_reply(tokenizer: Any) -> No
     assert (cut.t_prompt_held, cut.t_done) == (pytest.approx(0.1), 1.0)
     assert (failed.completion_ids, failed.t_done) == ([], None)
 
-
-def test_percentile_matches_numpy_linear() -> None:
-    assert percentile([], 50) is None
-    assert percentile([5.0], 99) == 5.0
-    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
-    assert percentile([4.0, 1.0, 3.0, 2.0], 90) == pytest.approx(3.7)
-    rng = random.Random(0)
-    for n in (2, 7, 100):
-        xs = [rng.random() for _ in range(n)]
-        for q in (0, 50, 90, 99, 100):
-            assert percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))

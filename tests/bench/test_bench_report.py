@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from kvstrata.bench.achievable import prompt_token_ids
 from kvstrata.bench.agentic.driver import RequestRecord
 from kvstrata.bench.agentic.workload import AgenticConfig, generate_agentic
 from kvstrata.bench.client import ChatResult
-from kvstrata.bench.report import build_report, format_table, prompt_token_ids, write_json
+from kvstrata.bench.report import build_report, format_table, percentile, write_json
 
 FIELDS = {
     "meta", "requests", "errors", "first_error", "prompt_tokens", "output_tokens", "cached_tokens",
@@ -92,3 +95,15 @@ def test_missing_cached_tokens_and_errors(tokenizer: Any) -> None:
     assert report["ttft_s"]["later_turns"]["p50"] == pytest.approx(0.3)  # errors are left out
     table = format_table(report)
     assert "n/a" in table and "first error" in table
+
+
+def test_percentile_matches_numpy_linear() -> None:
+    assert percentile([], 50) is None
+    assert percentile([5.0], 99) == 5.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile([4.0, 1.0, 3.0, 2.0], 90) == pytest.approx(3.7)
+    rng = random.Random(0)
+    for n in (2, 7, 100):
+        xs = [rng.random() for _ in range(n)]
+        for q in (0, 50, 90, 99, 100):
+            assert percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))

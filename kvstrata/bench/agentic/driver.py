@@ -22,11 +22,12 @@ from typing import Protocol, Sequence
 
 from tqdm import tqdm
 
+from kvstrata.bench.achievable import load_tokenizer
 from kvstrata.bench.agentic.scan import ScanConfig, run_scan, session_hints
 from kvstrata.bench.agentic.workload import AgenticConfig, Session, generate_agentic
 from kvstrata.bench.args import check_client_arguments
 from kvstrata.bench.client import ChatClient, RequestRecord
-from kvstrata.bench.report import build_report, format_table, load_tokenizer, write_json
+from kvstrata.bench.report import build_report, format_table, write_json
 
 
 class Conversations(Protocol):

@@ -54,8 +54,8 @@ def add_compare_args(parser: argparse.ArgumentParser) -> None:
 
 def _check(args: argparse.Namespace, engines: list[str]) -> None:
     """Raise ValueError (exit 2) on anything that would fail after a server started."""
+    from kvstrata.bench.achievable import load_tokenizer
     from kvstrata.bench.compare.workloads import COMPARE_WORKLOADS, probe_config
-    from kvstrata.bench.report import load_tokenizer
 
     unknown = [e for e in engines if e not in ENGINES]
     if unknown or not engines:

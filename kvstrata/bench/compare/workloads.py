@@ -36,8 +36,8 @@ def _agentic_config(args: argparse.Namespace) -> AgenticConfig:
 
 
 def _run_agentic(args: argparse.Namespace, url: str) -> Report:
+    from kvstrata.bench.achievable import load_tokenizer
     from kvstrata.bench.agentic.driver import run_agentic_workload
-    from kvstrata.bench.report import load_tokenizer
 
     return run_agentic_workload(args, url, _agentic_config(args), load_tokenizer(args.tokenizer), progress=False)
 

@@ -93,7 +93,7 @@ def wait_matching(url: str, ranks: int, timeout_s: float = 300.0) -> None:
 
 
 def run_policy(policy: str, args: argparse.Namespace, workload: FleetWorkload, tokenizer: Any, log: Path) -> dict[str, Any]:
-    from kvstrata.bench.report import achievable_tokens, sent_sequence
+    from kvstrata.bench.achievable import achievable_tokens, sent_sequence
 
     port = free_port()
     extra = ["--dp-size", str(args.dp_size), "--policy", policy, *shlex.split(args.kvstrata_args)]
@@ -110,7 +110,7 @@ def run_policy(policy: str, args: argparse.Namespace, workload: FleetWorkload, t
 
 
 def run_fleet(args: argparse.Namespace) -> int:
-    from kvstrata.bench.report import load_tokenizer
+    from kvstrata.bench.achievable import load_tokenizer
     from kvstrata.model.fetch import resolve_model
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]

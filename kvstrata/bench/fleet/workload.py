@@ -4,8 +4,8 @@ their turns concurrently; each turn resends the whole history.
 
 The figures (`fleet_figures`) are computed from what the run recorded, per request: the rank that
 answered (the gateway's `x-kvstrata-rank`), its TTFT, and its cached tokens against the achievable
-(bench/report.py's `achievable_tokens`: whole pages of what any earlier request had left in a cache by
-the time this one was sent, as one rank with an unbounded cache would hold them).
+(bench/achievable.py's `achievable_tokens`: whole pages of what any earlier request had left in a
+cache by the time this one was sent, as one rank with an unbounded cache would hold them).
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ class FleetWorkload:
 
 def fleet_figures(records: Sequence[RequestRecord], achievable: Sequence[int], ranks: int,
                   duration_s: float) -> dict[str, Any]:
-    """Per-rank share, hit efficiency (cached over `achievable`, report.achievable_tokens' per request),
+    """Per-rank share, hit efficiency (cached over `achievable`, `achievable_tokens`' per request),
     TTFT p50/p99 of first and later turns, errors, duration."""
     ok = [(r, a) for r, a in zip(records, achievable) if r.result.ok]
     share = [sum(1 for r, _ in ok if r.result.rank == k) / len(ok) if ok else 0.0 for k in range(ranks)]

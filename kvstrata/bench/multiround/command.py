@@ -59,9 +59,10 @@ def multiround_config(args: argparse.Namespace) -> MultiRoundConfig:
 
 def run_multiround_workload(args: argparse.Namespace, url: str, progress: bool = False) -> dict[str, Any]:
     """Drive the workload the flags describe against `url`; the report dict (the JSON file)."""
+    from kvstrata.bench.achievable import load_tokenizer
     from kvstrata.bench.agentic.driver import RequestRecord, drive_agentic
     from kvstrata.bench.client import ChatClient
-    from kvstrata.bench.report import build_report, load_tokenizer, per_turn
+    from kvstrata.bench.report import build_report, per_turn
 
     config = multiround_config(args)
     workload = generate_multiround(config)
@@ -96,7 +97,8 @@ def format_rounds(report: dict[str, Any]) -> str:
 
 def run_multiround(args: argparse.Namespace) -> int:
     """The `bench multiround` command: generate, drive, report. Returns the process exit code."""
-    from kvstrata.bench.report import format_table, load_tokenizer, write_json
+    from kvstrata.bench.achievable import load_tokenizer
+    from kvstrata.bench.report import format_table, write_json
 
     try:
         config = multiround_config(args)

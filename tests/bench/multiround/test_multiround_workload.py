@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
+from kvstrata.bench.achievable import SentSequence, achievable_tokens, prompt_token_ids
 from kvstrata.bench.multiround.workload import MAX_CONTEXT_TOKENS, MultiRoundConfig, generate_multiround
-from kvstrata.bench.report import SentSequence, achievable_tokens, prompt_token_ids
 
 SMALL = MultiRoundConfig(num_users=3, num_rounds=3, system_tokens=300, history_tokens=400, question_tokens=20,
                          answer_tokens=16)
