@@ -3,11 +3,11 @@
 step's rows: grouped, one pass over the context) against the same rows on copies of those pages (each row
 its own pass, as before grouping). SmolLM2's heads (9 query, 3 KV, head size 64), float32 K/V, 30 calls a
 step as its 30 layers make; the best of `--repeat` (2) medians of 5 timed steps after 2 untimed. `--shape` takes
-another model's heads and layers: llama1b (Llama 3.2 1B: 32 query, 8 KV, head size 64, 16 layers) or
-llama8b (Llama 3 8B: 32, 8, head size 128, 32 layers).
+another model's heads and layers: llama1b (Llama 3.2 1B: 32 query, 8 KV, head size 64, 16 layers),
+llama8b (Llama 3 8B: 32, 8, head size 128, 32 layers) or qwen3-0.6b (16, 8, head size 128, 28 layers).
 
     .venv/bin/python bench/grouped_rows.py [--contexts 1000,3000] [--rows 1,2,4,8,16] [--dtype bfloat16]
-                                           [--grouped-only] [--shape smollm2|llama1b|llama8b] [--streamed]
+                                           [--grouped-only] [--shape smollm2|llama1b|llama8b|qwen3-0.6b] [--streamed]
                                            [--repeat 2]
 
 One K/V tensor serves all 30 calls, so it stays in the CPU's caches: the figures are the kernel's
@@ -25,7 +25,8 @@ from kvstrata.model import cpu_kernels  # noqa: E402
 from verify_rows import timed  # noqa: E402  (bench/, this script's folder: median ms after two untimed runs)
 
 PS = 16
-SHAPES = {"smollm2": (9, 3, 64, 30), "llama1b": (32, 8, 64, 16), "llama8b": (32, 8, 128, 32)}  # heads, KV, D, layers
+SHAPES = {"smollm2": (9, 3, 64, 30), "llama1b": (32, 8, 64, 16), "llama8b": (32, 8, 128, 32),
+          "qwen3-0.6b": (16, 8, 128, 28)}  # heads, KV, D, layers
 
 
 def step_ms(ctx: int, rows: int, grouped: bool, heads: int = 9, kv_heads: int = 3, dim: int = 64,

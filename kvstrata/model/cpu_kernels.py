@@ -40,6 +40,7 @@ SOURCES = (CSRC / "paged_decode.cpp", CSRC / "paged_prefill.cpp", CSRC / "rms_no
            CSRC / "decode_layers.cpp", CSRC / "gguf_rows.cpp")  # paged_decode.cpp defines the op library
 HEADERS = (CSRC / "exp_approx.h", CSRC / "paged_prefill_portable.h", CSRC / "paged_prefill_avx512.h",
            CSRC / "int_dot_common.h", CSRC / "int_dot_amx.h", CSRC / "amx_tiles.h", CSRC / "paged_decode_amx.h",
+           CSRC / "paged_decode_amx_chunk.h",
            CSRC / "paged_decode_fma.h", CSRC / "int_dot_avx2.h", CSRC / "int_dot_avx2_common.h",
            CSRC / "int_dot_avx2_q4.h", CSRC / "int_dot_avx2_hb.h",
            CSRC / "int_dot_q8_bytes.h")  # included by the sources: in the build tag too

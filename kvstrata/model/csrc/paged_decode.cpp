@@ -94,7 +94,9 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
   const int64_t splits = (max_len + span - 1) / span;
   const int64_t head_sets = std::clamp<int64_t>((2 * threads + num_groups * splits - 1) / (num_groups * splits), 1, Hkv);
   // per (row, KV head, span): G query rows' partial results, merged below. Not zeroed: every one a row's merge
-  // reads was set by start_partial, and with fixed spans a wide batch at a long context holds MBs of them a call
+  // reads was set by start_partial (the AMX form: its m and l, and the accumulator at the row's first live
+  // chunk of the span, which each of its own spans has), and with fixed spans a wide batch at a long context
+  // holds MBs of them a call
   const int64_t num_parts = B * Hkv * splits * G;
   std::unique_ptr<float[]> acc(new float[num_parts * D]), ms(new float[num_parts]), ls(new float[num_parts]);
   const scalar_t* q_p = q.data_ptr<scalar_t>();
@@ -149,14 +151,16 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
           float* qh_f = qf.get() + ((h - h0) * max_q + q) * D;
           for (int d = 0; d < D; ++d) qh_f[d] = to_float(qh[d]) * scale;
         }
-        start_partial<D>(Q, part);
+        start_partial<D>(Q, part, !amx);
       }
 #if KVSTRATA_AMX_BF16
       if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
         if (amx) {
           for (int64_t h = h0; h < h1; ++h)
             attend_span_amx<D>(qa.get() + (h - h0) * kMaxQueries * D, Q, limit, k_p + h * D, v_p + h * D, Hkv * D,
-                               pages_p + top * P, page_size, begin, end, scale, parts[h - h0], *scratch, tiles);
+                               pages_p + top * P, page_size, begin, end, scale, parts[h - h0], *scratch, tiles,
+                               h == h0 && h1 - h0 > 1 ? k_p + h0 * D : nullptr, h == h0 && h1 - h0 > 1 ? v_p + h0 * D : nullptr,
+                               (h1 - h0) * D * 2);
           continue;
         }
       }

@@ -10,11 +10,15 @@
 //   V:   its token pairs interleaved (a B tile row: dims d..d+15 of tokens 2i and 2i + 1), both made once
 //        for all of the item's queries;
 //   per 16 queries: scores S = Q K^T (query-major, D / 32 tdpbf16ps a 16-token block; or, for a few
-//   queries of a wide head, S^T = K Q^T off the K rows in place, transposed: scores_transposed), the
+//   queries of a wide head, S^T = K Q^T off the K rows in place, transposed: scores_transposed), four
+//   16-token blocks in flight on four accumulator tiles (a tile's products chain; four chains overlap), the
 //   chunk's max and exp a query row at a time (one rescale a chunk, not a block), each weight split into
 //   a bf16 high part and a bf16 rest (16 bits of it: weights rounded to bf16 alone, as GPU flash
 //   attention feeds its PV product, took SmolLM2's bf16 greedy output from float32's in 4 more of 24
-//   prompts), and P V = P_hi V + P_lo V on tiles into float32.
+//   prompts), and P V = P_hi V + P_lo V on tiles into float32, four output tiles a pass. The two phases
+//   load their own tile shapes. A query's first live chunk of a span writes its accumulator, so a span
+//   starts without zeroing one.
+// The chunk's operands (K^T, V pairs, slots, scratch) are made in paged_decode_amx_chunk.h.
 // Every product is exact in float32 (bf16 x bf16) and each output row of a tile depends on its own A row
 // alone, summed by the same instruction sequence whatever the other queries, so a query's bits do not
 // depend on the step it is in (engine/spec/: greedy output the same with drafts). A verify row's tail
@@ -24,191 +28,92 @@
 
 #if KVSTRATA_AMX_BF16
 
-constexpr int kChunk = 256;  // tokens a chunk: its scores and weights held whole for one softmax
+#include "paged_decode_amx_chunk.h"  // kChunk, SpanScratch, chunk_slots, chunk_kv, queries_t
 
-// 16 rows of 16 32-bit values transposed in registers (4 rounds of 16 shuffles)
-inline void transpose16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {  // r[i + e] lane l: element 4l + e of rows i .. i + 3
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int e = 0; e < 4; ++e) {  // lanes (0, 2) and (1, 3) of rows' quarters 0-1 and 2-3
-    t[e] = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x88);
-    t[4 + e] = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xdd);
-    t[8 + e] = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x88);
-    t[12 + e] = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xdd);
-  }
-  for (int e = 0; e < 8; ++e) {
-    r[e] = _mm512_shuffle_i32x4(t[e], t[8 + e], 0x88);
-    r[8 + e] = _mm512_shuffle_i32x4(t[e], t[8 + e], 0xdd);
-  }
-}
-
-// one thread's chunk buffers for head size D (64-byte aligned)
+// the scores of up to 4 blocks of 16 tokens from block b into S ([query][token]), 4 accumulator tiles in
+// flight so that one tile's chain of KC products waits on the others, not on itself
 template <int D>
-struct SpanScratch {
-  static constexpr int DC = D < 32 ? D : 32;  // dims of a score tile's K (64 bytes of bf16)
-  static constexpr int KC = D / DC;           // score tiles a 16-token block
-  static constexpr int VC = D / 16;           // output tiles (16 dims each)
-  static constexpr size_t kKt = size_t(kChunk / 16) * KC * 16 * 16;  // uint32: [block][KC][pair][token]
-  static constexpr size_t kVp = size_t(kChunk / 32) * VC * 16 * 32;  // bf16: [slice][VC][token pair][32]
-  static constexpr size_t kS = size_t(16) * kChunk;                 // float: [query][token]
-  static constexpr size_t kP = size_t(16) * kChunk;                 // bf16: [query][token], a high part and the rest
-  static constexpr size_t kC = size_t(16) * D;                      // float: [query][dim]
-  static constexpr size_t kQt = size_t(kMaxQueries / 16) * KC * 16 * 16;  // uint32: [16-query group][KC][pair][query]
-  static constexpr size_t kKb = size_t(16) * D;                     // bf16: a block's K rows gathered
-  static constexpr size_t kSt = 16 * 16;                            // float: a block's scores, [token][query]
-  std::unique_ptr<uint8_t[]> raw{
-      new uint8_t[4 * kKt + 2 * kVp + 4 * kS + 4 * kP + 4 * kC + 4 * kQt + 2 * kKb + 4 * kSt + 64]};
-  uint32_t* kt = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(raw.get()) + 63) & ~uintptr_t(63));
-  uint16_t* vp = reinterpret_cast<uint16_t*>(kt + kKt);
-  float* s = reinterpret_cast<float*>(vp + kVp);
-  uint16_t* p = reinterpret_cast<uint16_t*>(s + kS);
-  uint16_t* p_lo = p + kP;
-  float* c = reinterpret_cast<float*>(p_lo + kP);
-  uint32_t* qt = reinterpret_cast<uint32_t*>(c + kC);
-  float* st = reinterpret_cast<float*>(qt + kQt);
-  uint16_t* kb = reinterpret_cast<uint16_t*>(st + kSt);
-};
-
-// Which way a span's scores are made (the same bits either way: a tile element sums the same products of
-// the same bf16 pairs in the same order whichever operand is A). K^T: the chunk's K rows transposed once
-// for all the item's queries, KC transposes a 16-token block. Scores transposed: K rows are A tiles read in
-// place and the queries, transposed once a span, the B tile; each 16-token block's 16 x 16 scores are then
-// transposed, one transpose a block a 16 queries. The second where the queries are few and the head wide
-// (a one-row step at head size 128: 1 transpose a block, not 4).
-template <int D>
-constexpr bool scores_transposed(int Q) {
-  return SpanScratch<D>::DC == 32 && (Q + 15) / 16 < SpanScratch<D>::KC;
-}
-
-// the queries' bf16 pairs as B tiles, 16 queries a tile (zeros past Q): [group][c][pair][query]
-template <int D>
-void queries_t(const c10::BFloat16* qa, int Q, SpanScratch<D>& sc) {
+void scores_amx(const c10::BFloat16* qa, int q0, int Qp, const c10::BFloat16* k, int64_t stride, const int64_t* slot,
+                int n, int b, int nb, bool kt, SpanScratch<D>& sc) {
   using S = SpanScratch<D>;
-  for (int g = 0; g * 16 < Q; ++g) {
+#define KVSTRATA_FOR_BLOCKS(X) X(0) if (nb > 1) { X(1) } if (nb > 2) { X(2) } if (nb > 3) { X(3) }
+  if (kt) {  // S = Q K^T: the queries' tile 4, K^T tile 5
+#define KVSTRATA_ZERO(i) _tile_zero(i);
+#define KVSTRATA_DOT(i) _tile_loadd(5, sc.kt + (size_t(b + i) * S::KC + c) * 256, 64); _tile_dpbf16ps(i, 4, 5);
+#define KVSTRATA_STORE(i) _tile_stored(i, sc.s + (b + i) * 16, 4 * kChunk);
+    KVSTRATA_FOR_BLOCKS(KVSTRATA_ZERO)
     for (int c = 0; c < S::KC; ++c) {
-      __m512i r[16];
-      for (int i = 0; i < 16; ++i)
-        r[i] = g * 16 + i < Q ? _mm512_loadu_si512(qa + size_t(g * 16 + i) * D + c * S::DC) : _mm512_setzero_si512();
-      transpose16(r);
-      for (int p = 0; p < 16; ++p) _mm512_store_si512(sc.qt + ((size_t(g) * S::KC + c) * 16 + p) * 16, r[p]);
+      _tile_loadd(4, qa + size_t(q0) * D + c * S::DC, 2 * D);
+      KVSTRATA_FOR_BLOCKS(KVSTRATA_DOT)
     }
+    KVSTRATA_FOR_BLOCKS(KVSTRATA_STORE)
+    return;
   }
-}
-
-// the chunk's K as B tiles (pairs of dims x tokens) and V as B tiles (token pairs x dims, interleaved);
-// tokens past n are zeros
-template <int D>
-void chunk_kv(const c10::BFloat16* k, const c10::BFloat16* v, int64_t stride, const int64_t* pages, int64_t page_size,
-              int64_t t0, int n, bool kt, SpanScratch<D>& sc) {
-  using S = SpanScratch<D>;
-  const __mmask16 pairs = static_cast<__mmask16>((1u << (S::DC / 2)) - 1);
-  const auto row = [&](const c10::BFloat16* cache, int j) { return slot_row(cache, pages, page_size, stride, t0 + j); };
-  for (int b = 0; kt && b * 16 < n; ++b) {
-    for (int c = 0; c < S::KC; ++c) {
-      __m512i r[16];
-      for (int i = 0; i < 16; ++i)
-        r[i] = b * 16 + i < n ? _mm512_maskz_loadu_epi32(pairs, row(k, b * 16 + i) + c * S::DC) : _mm512_setzero_si512();
-      transpose16(r);
-      uint32_t* dst = sc.kt + (size_t(b) * S::KC + c) * 256;
-      for (int p = 0; p < S::DC / 2; ++p) _mm512_store_si512(dst + p * 16, r[p]);
-    }
-  }
-  // a B row of a 16-dim piece: dims d..d+15 of tokens 2i and 2i + 1, interleaved
-  alignas(64) static constexpr int16_t kLo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
-                                                  8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-  alignas(64) static constexpr int16_t kHi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
-                                                  24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
-  const __m512i lo = _mm512_load_si512(kLo), hi = _mm512_load_si512(kHi);
-  constexpr int W = D < 32 ? D : 32;  // dims a load takes
-  const __mmask32 dims = static_cast<__mmask32>((uint64_t(1) << W) - 1);
-  for (int s = 0; s * 32 < n; ++s) {
-    for (int tp = 0; tp < 16; ++tp) {
-      const int j = s * 32 + 2 * tp;
-      for (int d = 0; d < D; d += W) {
-        const __m512i a = j < n ? _mm512_maskz_loadu_epi16(dims, row(v, j) + d) : _mm512_setzero_si512();
-        const __m512i e = j + 1 < n ? _mm512_maskz_loadu_epi16(dims, row(v, j + 1) + d) : _mm512_setzero_si512();
-        uint16_t* dst = sc.vp + ((size_t(s) * S::VC + d / 16) * 16 + tp) * 32;
-        _mm512_store_si512(dst, _mm512_permutex2var_epi16(a, lo, e));
-        if (W == 32) _mm512_store_si512(dst + 16 * 32, _mm512_permutex2var_epi16(a, hi, e));
+  // S^T = K Q^T: a block's K rows tile 4 (in place on one page, else gathered), the queries' pairs tile 5
+  const c10::BFloat16* rows[4];
+  int64_t rs[4];
+  for (int i = 0; i < nb; ++i) {
+    const int j0 = (b + i) * 16;
+    rows[i] = k + slot[j0] * stride;
+    rs[i] = stride;
+    if (j0 + 16 > n || slot[j0 + 15] != slot[j0] + 15) {  // past n, or over a page's end: gathered, zeros past n
+      uint16_t* kb = sc.kb + size_t(i) * 16 * D;
+      for (int j = 0; j < 16; ++j) {
+        if (j0 + j < n)
+          std::memcpy(kb + size_t(j) * D, k + slot[j0 + j] * stride, 2 * D);
+        else
+          std::memset(kb + size_t(j) * D, 0, 2 * D);
       }
+      rows[i] = reinterpret_cast<const c10::BFloat16*>(kb);
+      rs[i] = D;
     }
   }
+#define KVSTRATA_DOT_T(i) _tile_loadd(4, rows[i] + c * S::DC, 2 * rs[i]); _tile_dpbf16ps(i, 4, 5);
+#define KVSTRATA_STORE_T(i) _tile_stored(i, sc.st + (i) * 256, 64);
+  KVSTRATA_FOR_BLOCKS(KVSTRATA_ZERO)
+  for (int c = 0; c < S::KC; ++c) {
+    _tile_loadd(5, sc.qt + (size_t(q0 / 16) * S::KC + c) * 256, 64);
+    KVSTRATA_FOR_BLOCKS(KVSTRATA_DOT_T)
+  }
+  KVSTRATA_FOR_BLOCKS(KVSTRATA_STORE_T)
+  for (int i = 0; i < nb; ++i) {
+    __m512i r[16];
+    for (int j = 0; j < 16; ++j) r[j] = _mm512_load_si512(sc.st + i * 256 + j * 16);
+    transpose16(r);
+    for (int q = 0; q < Qp; ++q) _mm512_storeu_si512(sc.s + size_t(q) * kChunk + (b + i) * 16, r[q]);
+  }
+#undef KVSTRATA_FOR_BLOCKS
+#undef KVSTRATA_ZERO
+#undef KVSTRATA_DOT
+#undef KVSTRATA_STORE
+#undef KVSTRATA_DOT_T
+#undef KVSTRATA_STORE_T
 }
 
-// Q queries (qa: [Q, D] bf16 rows) over tokens [t0, t0 + n) of one KV head (n <= kChunk; chunk_kv made
-// its tiles), on top of out; query q sees the tokens before limit[q]
+// Q queries (qa: [Q, D] bf16 rows) over the n tokens of slot[] (n <= kChunk; chunk_kv made its tiles), on
+// top of out; query q sees the tokens before limit[q] - t0. A query's first live chunk of a span writes
+// its accumulator (start_partial leaves it unset), later ones rescale and add
 template <int D>
 void attend_chunk_amx(const c10::BFloat16* qa, int Q, const int64_t* limit, const c10::BFloat16* k, int64_t stride,
-                      const int64_t* pages, int64_t page_size, int64_t t0, int n, bool kt, float scale,
-                      const Partial& out, SpanScratch<D>& sc, kvstrata::TileShapes& tiles) {
+                      const int64_t* slot, int64_t t0, int n, bool kt, float scale, const Partial& out,
+                      SpanScratch<D>& sc, kvstrata::TileShapes& tiles) {
   using S = SpanScratch<D>;
   const int blocks = (n + 15) / 16, slices = (n + 31) / 32;
   const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), scv = _mm512_set1_ps(scale);
   for (int q0 = 0; q0 < Q; q0 += 16) {
     const int Qp = std::min(16, Q - q0);
-    for (int t : {0, 1, 3}) tiles.set(t, Qp, 64);  // outputs: scores (16 tokens), P V (16 dims)
-    tiles.set(2, Qp, 64);                                // weights' rest (32 tokens)
-    tiles.set(4, kt ? Qp : 16, kt ? 2 * S::DC : 64);     // queries (K^T), or a block's scores (transposed)
-    tiles.set(5, S::DC / 2, 64);                         // K^T, or the queries' pairs
-    tiles.set(6, Qp, 64);                                // weights' high part (32 tokens)
-    tiles.set(7, 16, 64);                                // V pairs, or a block's K rows
+    for (int t = 0; t < 4; ++t) tiles.set(t, kt ? Qp : 16, 64);  // scores: [query][16 tokens] or transposed
+    tiles.set(4, kt ? Qp : 16, kt ? 2 * S::DC : 64);               // the queries (K^T), or a block's K rows
+    tiles.set(5, S::DC / 2, 64);                                   // K^T, or the queries' pairs
     tiles.load();
-    for (int b = 0; !kt && b < blocks; ++b) {  // S^T = K Q^T a block at a time, transposed into S
-      const int64_t t = t0 + b * 16;
-      const c10::BFloat16* rows = slot_row(k, pages, page_size, stride, t);
-      int64_t rs = stride;
-      if (t % page_size + 16 > page_size) {  // the block spans pages: its rows gathered (zeros past n)
-        for (int j = 0; j < 16; ++j) {
-          if (b * 16 + j < n)
-            std::memcpy(sc.kb + size_t(j) * D, slot_row(k, pages, page_size, stride, t + j), 2 * D);
-          else
-            std::memset(sc.kb + size_t(j) * D, 0, 2 * D);
-        }
-        rows = reinterpret_cast<const c10::BFloat16*>(sc.kb);
-        rs = D;
-      }  // else in place; rows past n are slots of the block's page, their scores masked below
-      _tile_zero(4);
-      for (int c = 0; c < S::KC; ++c) {
-        _tile_loadd(7, rows + c * S::DC, 2 * rs);
-        _tile_loadd(5, sc.qt + (size_t(q0 / 16) * S::KC + c) * 256, 64);
-        _tile_dpbf16ps(4, 7, 5);
-      }
-      _tile_stored(4, sc.st, 64);
-      __m512i r[16];
-      for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(sc.st + i * 16);
-      transpose16(r);
-      for (int i = 0; i < Qp; ++i) _mm512_storeu_si512(sc.s + size_t(i) * kChunk + b * 16, r[i]);
-    }
-    for (int b = 0; kt && b < blocks; b += 2) {  // S = Q K^T, 32 tokens a pass
-      const bool two = b + 1 < blocks;
-      _tile_zero(0);
-      _tile_zero(1);
-      for (int c = 0; c < S::KC; ++c) {
-        _tile_loadd(4, qa + size_t(q0) * D + c * S::DC, 2 * D);
-        _tile_loadd(5, sc.kt + (size_t(b) * S::KC + c) * 256, 64);
-        _tile_dpbf16ps(0, 4, 5);
-        if (two) {
-          _tile_loadd(5, sc.kt + (size_t(b + 1) * S::KC + c) * 256, 64);
-          _tile_dpbf16ps(1, 4, 5);
-        }
-      }
-      _tile_stored(0, sc.s + b * 16, 4 * kChunk);
-      if (two) _tile_stored(1, sc.s + (b + 1) * 16, 4 * kChunk);
-    }
+    for (int b = 0; b < blocks; b += 4) scores_amx<D>(qa, q0, Qp, k, stride, slot, n, b, std::min(4, blocks - b), kt, sc);
     alignas(64) float fix[16];
     int live[16];
+    bool first[16];
     for (int i = 0; i < Qp; ++i) {  // softmax, a query row at a time; weights to bf16
       const int q = q0 + i;
       live[i] = static_cast<int>(std::clamp<int64_t>(limit[q] - t0, 0, n));
+      first[i] = *out.m[q] == -std::numeric_limits<float>::infinity();
       float* s = sc.s + size_t(i) * kChunk;
       uint16_t* p = sc.p + size_t(i) * kChunk;
       uint16_t* pl = sc.p_lo + size_t(i) * kChunk;
@@ -243,42 +148,29 @@ void attend_chunk_amx(const c10::BFloat16* qa, int Q, const int64_t* limit, cons
         _mm512_storeu_si512(pl + j, _mm512_setzero_si512());
       }
     }
-    // P V = P_hi V + P_lo V, up to 4 output tiles a pass over the weights: 0, 1, 3 and 4 (the queries'
-    // tile, the same shape where D >= 32; D 16 has one output tile; 3 a pass where tile 4 holds scores)
-    const int per_pass = kt ? 4 : 3;
-    for (int d0 = 0; d0 < S::VC; d0 += per_pass) {
-      const int nt = std::min(per_pass, S::VC - d0);
-      _tile_zero(0);
-      if (nt > 1) _tile_zero(1);
-      if (nt > 2) _tile_zero(3);
-      if (nt > 3) _tile_zero(4);
+    // P V = P_hi V + P_lo V, 4 output tiles (16 dims each) a pass over the weights: outputs 0-3, the
+    // weights' high part 4 and rest 5, V pairs 6
+    for (int t = 0; t < 6; ++t) tiles.set(t, Qp, 64);
+    tiles.set(6, 16, 64);
+    tiles.load();
+    for (int d0 = 0; d0 < S::VC; d0 += 4) {
+      const int nt = std::min(4, S::VC - d0);
+#define KVSTRATA_FOR_OUT(X) X(0) if (nt > 1) { X(1) } if (nt > 2) { X(2) } if (nt > 3) { X(3) }
+#define KVSTRATA_ZERO(i) _tile_zero(i);
+#define KVSTRATA_PV(i) _tile_loadd(6, vs + (i) * 16 * 32, 64); _tile_dpbf16ps(i, 4, 6); _tile_dpbf16ps(i, 5, 6);
+#define KVSTRATA_STORE(i) _tile_stored(i, sc.c + (d0 + i) * 16, 4 * D);
+      KVSTRATA_FOR_OUT(KVSTRATA_ZERO)
       for (int s = 0; s < slices; ++s) {
-        _tile_loadd(6, sc.p + s * 32, 2 * kChunk);
-        _tile_loadd(2, sc.p_lo + s * 32, 2 * kChunk);
+        _tile_loadd(4, sc.p + s * 32, 2 * kChunk);
+        _tile_loadd(5, sc.p_lo + s * 32, 2 * kChunk);
         const uint16_t* vs = sc.vp + (size_t(s) * S::VC + d0) * 16 * 32;
-        _tile_loadd(7, vs, 64);
-        _tile_dpbf16ps(0, 6, 7);
-        _tile_dpbf16ps(0, 2, 7);
-        if (nt > 1) {
-          _tile_loadd(7, vs + 16 * 32, 64);
-          _tile_dpbf16ps(1, 6, 7);
-          _tile_dpbf16ps(1, 2, 7);
-        }
-        if (nt > 2) {
-          _tile_loadd(7, vs + 2 * 16 * 32, 64);
-          _tile_dpbf16ps(3, 6, 7);
-          _tile_dpbf16ps(3, 2, 7);
-        }
-        if (nt > 3) {
-          _tile_loadd(7, vs + 3 * 16 * 32, 64);
-          _tile_dpbf16ps(4, 6, 7);
-          _tile_dpbf16ps(4, 2, 7);
-        }
+        KVSTRATA_FOR_OUT(KVSTRATA_PV)
       }
-      _tile_stored(0, sc.c + d0 * 16, 4 * D);
-      if (nt > 1) _tile_stored(1, sc.c + (d0 + 1) * 16, 4 * D);
-      if (nt > 2) _tile_stored(3, sc.c + (d0 + 2) * 16, 4 * D);
-      if (nt > 3) _tile_stored(4, sc.c + (d0 + 3) * 16, 4 * D);
+      KVSTRATA_FOR_OUT(KVSTRATA_STORE)
+#undef KVSTRATA_FOR_OUT
+#undef KVSTRATA_ZERO
+#undef KVSTRATA_PV
+#undef KVSTRATA_STORE
     }
     for (int i = 0; i < Qp; ++i) {  // acc = acc * fix + P V; a query that saw none of the chunk keeps its state
       if (!live[i]) continue;
@@ -286,7 +178,8 @@ void attend_chunk_amx(const c10::BFloat16* qa, int Q, const int64_t* limit, cons
       const float* pv = sc.c + size_t(i) * D;
       const __m512 f = _mm512_set1_ps(fix[i]);
       for (int d = 0; d < D; d += 16)
-        _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(_mm512_loadu_ps(acc + d), f, _mm512_loadu_ps(pv + d)));
+        _mm512_storeu_ps(acc + d, first[i] ? _mm512_loadu_ps(pv + d)
+                                           : _mm512_fmadd_ps(_mm512_loadu_ps(acc + d), f, _mm512_loadu_ps(pv + d)));
     }
   }
 }
@@ -296,13 +189,17 @@ void attend_chunk_amx(const c10::BFloat16* qa, int Q, const int64_t* limit, cons
 template <int D>
 void attend_span_amx(const c10::BFloat16* qa, int Q, const int64_t* limit, const c10::BFloat16* k,
                      const c10::BFloat16* v, int64_t stride, const int64_t* pages, int64_t page_size, int64_t begin,
-                     int64_t end, float scale, const Partial& out, SpanScratch<D>& sc, kvstrata::TileShapes& tiles) {
+                     int64_t end, float scale, const Partial& out, SpanScratch<D>& sc, kvstrata::TileShapes& tiles,
+                     const c10::BFloat16* whole_k = nullptr, const c10::BFloat16* whole_v = nullptr,
+                     int64_t whole_bytes = 0) {
   const bool kt = !scores_transposed<D>(Q);
   if (!kt) queries_t<D>(qa, Q, sc);
+  int64_t slot[kChunk];
   for (int64_t t0 = begin; t0 < end; t0 += kChunk) {
     const int n = static_cast<int>(std::min<int64_t>(kChunk, end - t0));
-    chunk_kv<D>(k, v, stride, pages, page_size, t0, n, kt, sc);
-    attend_chunk_amx<D>(qa, Q, limit, k, stride, pages, page_size, t0, n, kt, scale, out, sc, tiles);
+    chunk_slots(pages, page_size, t0, n, slot);
+    chunk_kv<D>(k, v, stride, slot, n, kt, whole_k, whole_v, whole_bytes, sc);
+    attend_chunk_amx<D>(qa, Q, limit, k, stride, slot, t0, n, kt, scale, out, sc, tiles);
   }
 }
 

@@ -202,11 +202,12 @@ struct Partial {  // one span's unnormalised result per query row: acc = sum p *
 
 // Before a span: no tokens seen (m = -inf, l = 0, acc = 0)
 template <int D>
-void start_partial(int Q, const Partial& out) {
+void start_partial(int Q, const Partial& out, bool zero_acc = true) {
   for (int q = 0; q < Q; ++q) {
     *out.m[q] = -std::numeric_limits<float>::infinity();
     *out.l[q] = 0.f;
-    for (int d = 0; d < D; ++d) out.acc[q][d] = 0.f;
+    if (zero_acc)  // the AMX form writes a query's accumulator at its first live chunk instead
+      for (int d = 0; d < D; ++d) out.acc[q][d] = 0.f;
   }
 }
 
