@@ -5,8 +5,9 @@ q/k/v into one [ (H + 2 Hkv) * D, hidden ] matrix and gate/up into one [2 I, hid
 layer runs 4 GEMMs instead of 7 (layer_weights.py). Numerics follow transformers' LlamaModel: RMSNorm
 in float32 then cast back, RoPE tables computed in float32 (rotate_half layout), logits in float32.
 Given a GGUF's quantized linears (`tiles` for our integer-dot kernels, or `q4` for torch's int4 one),
-steps of at most `q4_max_rows` rows (decode) run on them instead (quant/: weight reads, not arithmetic,
-bound those steps), with an int8 LM head (embed_head.py); wider steps use the dense weights, or
+steps of at most `q4_max_rows` rows (decode; `decode_max_rows` for pure decode steps, and fewer rows for steps
+with prompt rows when the weights have many bits: `prefill_narrow_rows`) run on them instead (quant/: weight
+reads, not arithmetic, bound those steps), with an int8 LM head (embed_head.py); wider steps use the dense weights, or
 dequantize each linear just before its GEMM where the model keeps no dense copy, or (`int_prefill`)
 run on the integer-dot kernels too. A layer's MLP is the dense one or an MoE block (moe.py), chosen per
 layer at load; the forward calls whichever it is.
@@ -17,7 +18,7 @@ import torch
 
 from kvstrata.model import cpu_kernels
 from kvstrata.model.arch import ModelArch
-from kvstrata.model.attention import AttentionBackend, AttentionMetadata, PrefillSeq
+from kvstrata.model.attention import AttentionBackend, AttentionMetadata
 from kvstrata.model.decode_layers import DecodeLayers
 from kvstrata.model.embed_head import EMBED, HEAD, Embedding, Head
 from kvstrata.model.layer_weights import LayerWeights, Scratch, build_layer, prepack_supported
@@ -25,36 +26,12 @@ from kvstrata.model.moe import WeightForms, build_moe
 from kvstrata.model.quant.blocks import IntWeight
 from kvstrata.model.quant.gguf_rows import GgufRows
 from kvstrata.model.rope import rope_tables
+from kvstrata.model.row_chunks import chunk_rows, chunks, prompt_chunks
 
-CHUNK_BYTES = 8 << 20  # the [rows, 2I] gate/up activations a wide integer-kernel step holds at once ...
-CHUNK_MIN_ROWS = 128  # ... in chunks of at least this many rows (each chunk reads the layer's weights again)
-
-
-def chunk_rows(intermediate: int, elem: int) -> int:
-    """Rows a wide integer-kernel step runs its row-wise parts in (`LlamaModel._layers`): a multiple of 16."""
-    return max(CHUNK_MIN_ROWS, CHUNK_BYTES // (2 * intermediate * elem) // 16 * 16)
-
-
-def chunks(total: int, rows: int) -> list[slice]:
-    """[0, total) in slices of `rows` (the last shorter)."""
-    return [slice(r0, min(r0 + rows, total)) for r0 in range(0, total, rows)]
-
-
-def prompt_chunks(meta: AttentionMetadata, T: int, rows: int) -> list[tuple[slice, AttentionMetadata]] | None:
-    """A step that is one prompt's rows alone, cut in chunks of `rows`: each chunk's rows and the metadata
-    of attention over the context up to its last row (the rows are the last of that context: K/V of the
-    chunks before it is already written). None for a narrower step or one of several sequences."""
-    if rows >= T or len(meta.prefill) != 1 or meta.decode_rows is not None:
-        return None
-    seq = meta.prefill[0]
-    if seq.q_start != 0 or seq.q_len != T:
-        return None
-    out = []
-    for r in chunks(T, rows):
-        kv_len = seq.kv_len - (T - r.stop)
-        sub = PrefillSeq(0, r.stop - r.start, kv_len, seq.pages[: -(-kv_len // meta.page_size)])
-        out.append((r, AttentionMetadata(meta.page_size, meta.slot_mapping[r], [sub])))
-    return out
+# rows x bits a quantized weight: where dense copies exist, a step with prompt rows runs on the quantized
+# kernels up to this over the weights' bits (5 bits: 8 rows, 8.5: 5), the crossing docs/cpu-kernels.md
+# measures (a next turn's few new tokens)
+PREFILL_BIT_ROWS = 48
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -121,6 +98,7 @@ class LlamaModel:
         self.decode_layers: DecodeLayers | None = None  # built below, once the head and fused ops are known
         self.set_act_bits(act_bits if self.uses_int_dot else 16)
         self.dense_linears = all(lin.dense is not None for layer in self.layers for lin in layer.linears())
+        self.prefill_narrow_rows = self._prefill_narrow_rows()
         self.prepacked = prepack and self.dense_linears
         self._scratch = Scratch()
         # float32 on the dense weights is bound to match transformers token for token: torch's own ops
@@ -237,12 +215,24 @@ class LlamaModel:
         # a step of up to decode_max_rows rows runs on the quantized kernels if it is decode rows, or where
         # the model keeps no dense copy (a prefill step would dequantize every linear for a few tokens, as an
         # agent's next turn does)
-        narrow = T <= self.q4_max_rows or (T <= self.decode_max_rows and (meta.pure_decode(T) or not self.dense_linears))
+        narrow = T <= self.decode_max_rows and (meta.pure_decode(T) or not self.dense_linears or T <= self.prefill_narrow_rows)
         if narrow and self.decode_layers is not None and self.decode_layers.applies(meta, T):
             self.decode_layers.run(x, self._norm(x, self.layers[0].input_norm), k_cache, v_cache, cos_t, sin_t, meta)
         else:
             self._layers(x, cos_t, sin_t, meta, k_cache, v_cache, narrow or self.int_prefill)
         return self.head(self._norm(x[logit_rows], self.norm), narrow, wide_rescore)
+
+    def _prefill_narrow_rows(self) -> int:
+        """The widest step with prompt rows that runs on the quantized kernels where dense copies exist
+        (decode steps: up to decode_max_rows). The quantized kernel's arithmetic grows with the rows while
+        the dense GEMM reads the bf16 weights whatever the rows, so the crossing falls as the quantized
+        weights' bits rise: PREFILL_BIT_ROWS / bits a weight, at most q4_max_rows."""
+        quant = [lin for layer in self.layers for lin in layer.linears() if lin.quant is not None]
+        nbytes, params = sum(lin.quant.nbytes() for lin in quant), sum(lin.params for lin in quant)  # type: ignore[union-attr]
+        if not self.dense_linears or not nbytes or not params:
+            return self.q4_max_rows
+        bits = 8 * nbytes / params
+        return max(1, min(self.q4_max_rows, int(PREFILL_BIT_ROWS / bits)))
 
     def _layers(self, x: torch.Tensor, cos_t: torch.Tensor, sin_t: torch.Tensor, meta: AttentionMetadata,
                 k_cache: list[torch.Tensor], v_cache: list[torch.Tensor], narrow: bool) -> None:

@@ -126,7 +126,7 @@ def test_a_wide_integer_step_in_row_chunks_gives_the_bits_of_one_pass(
     bits of the whole step in one pass, for one prompt or two, with our fused ops or torch's."""
     from quant_support import quantize_linears
 
-    from kvstrata.model import cpu_kernels, llama
+    from kvstrata.model import cpu_kernels, row_chunks
 
     assert cpu_kernels.load_kernels()
     w = load_weights(tiny_model_dir)
@@ -166,15 +166,15 @@ def test_a_wide_integer_step_in_row_chunks_gives_the_bits_of_one_pass(
         logits = model.forward(ids, torch.cat(positions), meta, pool.k, pool.v, torch.arange(T))
         return logits, pool.k, pool.v
 
-    monkeypatch.setattr(llama, "CHUNK_BYTES", 0)
-    monkeypatch.setattr(llama, "CHUNK_MIN_ROWS", 16)
+    monkeypatch.setattr(row_chunks, "CHUNK_BYTES", 0)
+    monkeypatch.setattr(row_chunks, "CHUNK_MIN_ROWS", 16)
     chunked = run()
     assert calls == [16, 16, T - 32] * a.num_layers  # the last chunk shorter
     # one prompt alone: attention in the same chunks (each over the context up to its last row); two: all rows
     assert attended == ([16, 16, T - 32] if len(lens) == 1 else [T]) * a.num_layers
     calls.clear()
     attended.clear()
-    monkeypatch.setattr(llama, "CHUNK_MIN_ROWS", 1 << 20)
+    monkeypatch.setattr(row_chunks, "CHUNK_MIN_ROWS", 1 << 20)
     whole = run()
     assert calls == [T] * a.num_layers and attended == [T] * a.num_layers
     assert torch.equal(chunked[0], whole[0])
