@@ -11,7 +11,9 @@
 - commit:   after a step, hand newly filled own pages to the cache (duplicates of pages the cache
             already has are swapped for the cache's page and freed), so other requests share them
             while this one is still running.
-- release:  on finish, abort or preemption: commit, unlock, free the own pages.
+- release:  on finish, abort or preemption: commit, unlock, free the own pages; a part page of
+            computed tokens past the last full one is kept as a tail (kv/tail_pages.py) that the
+            session's next request takes at admit instead of recomputing those tokens.
 """
 from __future__ import annotations
 
@@ -21,7 +23,10 @@ from kvstrata.engine.request import Request
 from kvstrata.kv.eviction_policy import PROBATION, RETAINED, RETENTION_S, insert_class, now
 from kvstrata.kv.pool import PagePool
 from kvstrata.kv.radix import Match, RadixPrefixCache
+from kvstrata.kv.tail_pages import TailPages
 from kvstrata.kv.tiers import KVTiers
+
+TAIL_SHARE = 32  # at most a 32nd of the pool's pages is held as tails
 
 
 class CacheHit(NamedTuple):
@@ -45,6 +50,28 @@ class KVCacheManager:
         self.cache = cache
         self.tiers = tiers
         self.page_size = pool.page_size
+        self.tails = TailPages(pool.num_pages // TAIL_SHARE) if cache is not None else None
+
+    @property
+    def evictable_pages(self) -> int:
+        """Pages the pool can take back when it runs short: unlocked cache pages and tails."""
+        if self.cache is None:
+            return 0
+        return self.cache.num_evictable_pages + len(self.tails or ())
+
+    @property
+    def kept_pages(self) -> int:
+        """Pages kept for reuse that no request holds: the prefix cache's and the tails."""
+        if self.cache is None:
+            return 0
+        return self.cache.num_cached_pages + len(self.tails or ())
+
+    def _make_room(self, need: int) -> None:
+        """Free pages until `need` are free (or nothing more can go): tails first, then cache leaves."""
+        if need > self.pool.num_free and self.tails:
+            self.pool.free(self.tails.evict(need - self.pool.num_free))
+        if need > self.pool.num_free and self.cache is not None:
+            self.cache.evict(need - self.pool.num_free)
 
     # -- admission -------------------------------------------------------------------------
     def ready(self, req: Request) -> bool:
@@ -86,6 +113,12 @@ class KVCacheManager:
         req.pages = list(m.pages)
         req.num_shared_pages = len(m.pages)
         req.num_computed_tokens = m.num_tokens
+        if self.tails is not None and m.pages and not fresh:  # the last prompt token is always computed
+            tail = self.tails.take(m.node.hash, req.token_ids[m.num_tokens :], req.num_prompt_tokens - 1 - m.num_tokens)
+            if tail is not None:
+                req.pages.append(tail[0])
+                req.num_computed_tokens += tail[1]
+                device += tail[1]
         return CacheHit(device, host, store)
 
     def _load_from_host(self, req: Request, m: Match) -> tuple[Match, list[bytes]]:
@@ -99,8 +132,7 @@ class KVCacheManager:
             return m, []
         host.pin(hashes)  # L1 victims evicted below go to L2: they must not push these out
         try:
-            if len(hashes) > self.pool.num_free:
-                self.cache.evict(len(hashes) - self.pool.num_free)  # m is locked: never its pages
+            self._make_room(len(hashes))  # m is locked: never its pages
             hashes = hashes[: self.pool.num_free]
             pages = self.pool.alloc(len(hashes)) or []
             self.tiers.load_host(hashes, pages)
@@ -122,13 +154,11 @@ class KVCacheManager:
         return max(0, -(-total // self.page_size) - len(req.pages))
 
     def can_allocate(self, req: Request, num_new_tokens: int) -> bool:
-        evictable = self.cache.num_evictable_pages if self.cache is not None else 0
-        return self.pages_needed(req, num_new_tokens) <= self.pool.num_free + evictable
+        return self.pages_needed(req, num_new_tokens) <= self.pool.num_free + self.evictable_pages
 
     def allocate(self, req: Request, num_new_tokens: int) -> None:
         need = self.pages_needed(req, num_new_tokens)
-        if need > self.pool.num_free and self.cache is not None:
-            self.cache.evict(need - self.pool.num_free)
+        self._make_room(need)
         pages = self.pool.alloc(need)
         if pages is None:
             raise RuntimeError(f"allocate({need}) without can_allocate: {self.pool.num_free} free")
@@ -193,6 +223,11 @@ class KVCacheManager:
         """Give back everything the request holds; its computed full pages stay cached."""
         self.commit(req)
         own = req.pages[req.num_shared_pages :]
+        ps, done = self.page_size, req.num_computed_tokens
+        if self.tails is not None and req.cache_node is not None and own and done % ps and req.num_shared_pages == done // ps:
+            # commit cached every full computed page, so own[0] holds the computed tokens past them
+            self.pool.free(self.tails.put(req.cache_node.hash, req.token_ids[done - done % ps : done], own[0]))
+            own = own[1:]
         if self.cache is not None and req.cache_node is not None:
             self.cache.unlock(req.cache_node)
         if own:
@@ -214,9 +249,11 @@ class KVCacheManager:
         stays); returns how many L1 pages were freed."""
         if self.cache is None:
             return 0
+        tails = self.tails.clear() if self.tails is not None else []
+        self.pool.free(tails)
         if self.tiers is not None:
-            return len(self.tiers.flush(self.cache.reset))
-        return len(self.cache.reset())
+            return len(tails) + len(self.tiers.flush(self.cache.reset))
+        return len(tails) + len(self.cache.reset())
 
     def check_integrity(self, running: list[Request]) -> None:
         held: dict[str, list[int]] = {r.request_id: r.pages[r.num_shared_pages :] for r in running}
@@ -225,6 +262,7 @@ class KVCacheManager:
         if self.cache is not None:
             self.cache.check_integrity()
             held["prefix-cache"] = sorted(self.cache.cached_pages())
+            held["tails"] = sorted(self.tails.pages()) if self.tails is not None else []
             for r in running:
                 shared = r.pages[: r.num_shared_pages]
                 missing = set(shared) - set(held["prefix-cache"])

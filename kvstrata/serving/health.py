@@ -26,14 +26,16 @@ def page_report(engine: Engine) -> dict[str, Any]:
     """Check the pool and caches (raises AssertionError on a broken invariant) and count pages."""
     engine.check_integrity()
     pool = engine.pool
-    cache = engine.prefix_cache
+    cache, kv = engine.prefix_cache, engine.scheduler.kv
     cached = cache.num_cached_pages if cache is not None else 0
+    tails = len(kv.tails) if kv.tails is not None else 0
     return {
         "total": pool.num_pages,
         "free": pool.num_free,
         "cached": cached,
-        "in_use": pool.num_in_use - cached,
-        "evictable": cache.num_evictable_pages if cache is not None else 0,
+        "tails": tails,
+        "in_use": pool.num_in_use - cached - tails,
+        "evictable": kv.evictable_pages,
         "requests_running": engine.num_running,
         "requests_waiting": engine.num_waiting,
     }

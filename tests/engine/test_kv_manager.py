@@ -29,10 +29,12 @@ def test_commit_packs_each_page_once_and_matches_cache_off(tiny_model_dir: Path,
     assert sum(packed) == computed // PS * PS
     assert all(n % PS == 0 and n <= 2 * PS for n in packed), packed
     llm.engine.check_integrity()
-    again = llm.generate([prompt + out.token_ids], SamplingParams(max_tokens=1, temperature=0.0))[0]
-    assert again.cached_tokens == computed // PS * PS
+    one = SamplingParams(max_tokens=1, temperature=0.0)
+    again = llm.generate([prompt + out.token_ids], one)[0]
+    assert again.cached_tokens == computed  # the full pages, then the part page the first run left as a tail
     off = LLM(str(tiny_model_dir), dtype="float32", max_total_tokens=4096, enable_prefix_caching=False)
     assert off.generate([prompt], params)[0].token_ids == out.token_ids
+    assert off.generate([prompt + out.token_ids], one)[0].token_ids == again.token_ids
 
 
 def _classes(llm: LLM, prompt: list[int]) -> list[tuple[int, float]]:

@@ -60,7 +60,7 @@ async def one(client: httpx.AsyncClient, rng: random.Random, i: int) -> str:
 def test_abort_storm_leaks_nothing(storm_target: tuple[AsyncEngine, ServerState, str]) -> None:
     eng, state, url = storm_target
     engine = eng.engine
-    free_before = engine.pool.num_free + (engine.prefix_cache.num_evictable_pages if engine.prefix_cache else 0)
+    free_before = engine.pool.num_free + engine.scheduler.kv.evictable_pages
     rng = random.Random(8)
 
     async def storm() -> list[str]:
@@ -83,12 +83,11 @@ def test_abort_storm_leaks_nothing(storm_target: tuple[AsyncEngine, ServerState,
         time.sleep(0.05)
     assert not engine.has_unfinished() and not eng._streams  # every aborted request reached the engine
     engine.check_integrity()  # no page is held by a finished or aborted request
-    cached = engine.prefix_cache.num_cached_pages if engine.prefix_cache else 0
-    assert engine.pool.num_in_use == cached and not engine.scheduler.running
+    kv = engine.scheduler.kv
+    assert engine.pool.num_in_use == kv.kept_pages and not engine.scheduler.running
     assert not engine._requests and not engine.outputs._states  # no per-request state left behind
     assert not state.response_cache._flights._running  # every response-cache slot released
-    evictable = engine.prefix_cache.num_evictable_pages if engine.prefix_cache else 0
-    assert engine.pool.num_free + evictable == engine.pool.num_pages >= free_before  # all memory reclaimable
+    assert engine.pool.num_free + kv.evictable_pages == engine.pool.num_pages >= free_before  # all memory reclaimable
     resp = httpx.post(f"{url}/v1/completions", json={"prompt": SHARED, "max_tokens": 2}, timeout=30)
     assert resp.status_code == 200  # and the server still serves
     assert time.monotonic() - started < 60

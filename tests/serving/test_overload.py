@@ -61,7 +61,7 @@ def test_burst_of_four_times_the_queue_gets_429_for_the_extra(small_queue: tuple
     assert time.monotonic() - started < 30
     assert settled(eng)
     eng.engine.check_integrity()
-    assert eng.engine.pool.num_in_use == (eng.engine.prefix_cache.num_cached_pages if eng.engine.prefix_cache else 0)
+    assert eng.engine.pool.num_in_use == eng.engine.scheduler.kv.kept_pages
 
 
 def test_queue_frees_up_after_the_burst(small_queue: tuple[AsyncEngine, str]) -> None:

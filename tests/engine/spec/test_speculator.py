@@ -45,7 +45,7 @@ def test_greedy_output_is_the_same_with_speculation(tiny_model_dir: Path, refere
     assert [o.token_ids for o in outs] == reference["outputs"]
     eng = llm.engine
     eng.check_integrity()
-    assert eng.pool.num_in_use == (eng.prefix_cache.num_cached_pages if eng.prefix_cache is not None else 0)
+    assert eng.pool.num_in_use == eng.scheduler.kv.kept_pages
     if kw["speculative"] != "auto":  # auto drafts where the measured cost allows: on some CPUs never here
         assert eng.spec is not None and eng.spec.totals.accepted > 0, eng.spec.totals
 
@@ -74,7 +74,7 @@ def test_a_verify_step_gives_back_the_rejected_drafts_pages(tiny_model_dir: Path
         eng.check_integrity()
     assert got == expected
     assert verified and eng.spec.totals.rejections > 0, eng.spec.totals
-    assert eng.pool.num_in_use == eng.prefix_cache.num_cached_pages
+    assert eng.pool.num_in_use == eng.scheduler.kv.kept_pages
 
 
 def test_only_accepted_tokens_reach_the_prefix_cache(tiny_model_dir: Path, reference: dict[str, Any]) -> None:
