@@ -113,8 +113,8 @@ class KVCacheManager:
         req.pages = list(m.pages)
         req.num_shared_pages = len(m.pages)
         req.num_computed_tokens = m.num_tokens
-        if self.tails is not None and m.pages and not fresh:  # the last prompt token is always computed
-            tail = self.tails.take(m.node.hash, req.token_ids[m.num_tokens :], req.num_prompt_tokens - 1 - m.num_tokens)
+        if self.tails is not None and m.pages and not fresh:  # the last token is always computed (as match's)
+            tail = self.tails.take(m.node.hash, req.token_ids[m.num_tokens :], req.num_tokens - 1 - m.num_tokens)
             if tail is not None:
                 req.pages.append(tail[0])
                 req.num_computed_tokens += tail[1]
