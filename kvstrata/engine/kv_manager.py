@@ -45,12 +45,13 @@ class CacheHit(NamedTuple):
 
 
 class KVCacheManager:
-    def __init__(self, pool: PagePool, cache: RadixPrefixCache | None, tiers: KVTiers | None = None) -> None:
+    def __init__(self, pool: PagePool, cache: RadixPrefixCache | None, tiers: KVTiers | None = None,
+                 tails: bool = True) -> None:
         self.pool = pool
         self.cache = cache
         self.tiers = tiers
         self.page_size = pool.page_size
-        self.tails = TailPages(pool.num_pages // TAIL_SHARE) if cache is not None else None
+        self.tails = TailPages(pool.num_pages // TAIL_SHARE) if cache is not None and tails else None
 
     @property
     def evictable_pages(self) -> int:

@@ -4,9 +4,10 @@ Replay: achieved hit rate = sum(cached_tokens) / sum(prompt_tokens) (the server'
 two ideals of the same slice, both for a cache that starts empty:
 - `ideal_hit_rate`: the trace's definition at this block size, sum(min(m * B, L')) / sum(L'),
   L' = the prompt tokens sent (m = leading ids an earlier request of the slice had);
-- `page_ideal_hit_rate`: what a paged prefix cache can reach at the server's `--page-size`: only
-  full pages are cached (a prompt's cut last block never is) and the last prompt token is always
-  computed (sim.py's "cut" mode at unbounded capacity, the real radix cache).
+- `page_ideal_hit_rate`: what a cache of full pages can reach at the server's `--page-size`: a
+  prompt's cut last block is never cached and the last prompt token is always computed (sim.py's
+  "cut" mode at unbounded capacity, the real radix cache); the server's tails, part pages a finished
+  request leaves, can take a replay past it.
 Goodput: requests that finished with TTFT <= --slo-ttft-ms and TPOT <= --slo-tpot-ms (a
 one-token reply has no TPOT and meets that half), as a fraction and per second of the run.
 """

@@ -22,8 +22,10 @@ Two ways to lay a prompt onto pages (`mode`):
   block size. The extra token is the one a real engine always computes (the radix cache never
   matches a prompt's last token: it needs its logits).
 - "cut": the live prompts exactly (tokens.py), at the server's page size: the partial last
-  page is never cached and the last token never hits, so this is what a paged server can reach
-  (counted in prompt tokens). The replay reports it as the slice's page-aware ideal.
+  page is never cached and the last token never hits, so this is what a cache of full pages can
+  reach (counted in prompt tokens). The replay reports it as the slice's page-aware ideal; the
+  server's tails (kv/tail_pages.py: a part page a finished request left, taken by the next prompt
+  that goes on the same way) can take it past that.
 """
 from __future__ import annotations
 
@@ -114,7 +116,8 @@ class _Stack:
                                         max_pages=max(1, host.capacity // 2))  # as build_tiers sizes it
                 prefetcher = Prefetcher(store, codec, policy)
             self.tiers = KVTiers(self.cache, host, stats, self.writer, prefetcher)
-        self.manager = KVCacheManager(self.pool, self.cache, self.tiers)
+        # full pages only: "cut" is the page-aligned ideal (the server's tails can go past it)
+        self.manager = KVCacheManager(self.pool, self.cache, self.tiers, tails=False)
 
     def run(self, rid: str, tokens: list[int], computed: int) -> tuple[int, int, int]:
         """One request through the KV path, its first `computed` tokens cached after it; its hit
