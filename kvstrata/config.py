@@ -56,7 +56,8 @@ class ModelConfig:
     )
     q4_decode: str = opt(
         "auto",
-        "run steps of <= 8 rows and decode-only steps of <= 32 on a GGUF's own quantized blocks "
+        "run steps of <= 8 rows (with prompt rows beside dense copies: <= 48 / the weights' bits) and "
+        "decode-only steps of <= 32 on a GGUF's own quantized blocks "
         "(Q4_0/1, Q5_0/1, Q8_0, Q4_K, Q5_K, Q6_K; "
         "our integer-dot kernels on AVX512-VNNI/AVX2 CPUs, else torch's int4 kernel for Q4_0/Q4_1) instead of "
         "dense weights; auto = on with --dtype auto or bfloat16 on CPU, off for an explicit float32 (kept "
