@@ -20,6 +20,7 @@ from typing import Any
 from kvstrata.model.chat_template import ChatTemplate
 from kvstrata.model.fetch import model_home
 from kvstrata.model.gguf_header import GGUFHeader, gguf_identity, read_gguf_header
+from kvstrata.model.token_segments import SegmentCache
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class Tokenizer:
             eos += [self.token_to_id(t) for t in END_OF_TURN_TOKENS if t in chat_template]
         self._eos_token_ids = tuple(dict.fromkeys(i for i in eos if i is not None))
         self._texts: dict[int, str] = {}  # token_text's, filled as logprobs name tokens (at most the vocabulary)
+        self._segments = SegmentCache(backend)
 
     @classmethod
     def from_path(cls, path: str | Path) -> Tokenizer:
@@ -79,8 +81,10 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """The text's ids. Through `encode_batch`, which releases the GIL while it works (`encode` holds it for
         the whole call): the server tokenizes in worker threads, and a long prompt must not stop the event
-        loop that carries every stream meanwhile."""
-        return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        loop that carries every stream meanwhile. A long text without added special tokens at its ends is
+        tokenized between its special tokens, the pieces an agent resends from a cache (token_segments.py)."""
+        ids = None if add_special_tokens else self._segments.encode(text)
+        return ids if ids is not None else self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
