@@ -16,7 +16,8 @@ import sys
 GATEWAY_ENTRY = ("kvstrata.cli", "kvstrata.router.app", "kvstrata.router.launcher")
 SHARED_WITH_RANKS = {
     "kvstrata.engine", "kvstrata.engine.sampling_params", "kvstrata.engine.outputs",
-    "kvstrata.model", "kvstrata.model.tokenizer", "kvstrata.model.chat_template", "kvstrata.model.fetch",
+    "kvstrata.model", "kvstrata.model.tokenizer", "kvstrata.model.token_segments", "kvstrata.model.chat_template",
+    "kvstrata.model.fetch",
     "kvstrata.model.file_digest", "kvstrata.model.gguf_header", "kvstrata.model.logprobs", "kvstrata.model.cpu_caps",
 }
 RANK_SIDE_SERVING = {"kvstrata.metrics.rank", "kvstrata.serving.state", "kvstrata.serving.server", "kvstrata.serving.openai_api"}
