@@ -17,11 +17,10 @@ import random
 import sys
 import time
 
-import torch
-
 sys.path.insert(0, ".")
 from kvstrata.engine.llm import LLM  # noqa: E402
 from kvstrata.engine.sampling_params import SamplingParams  # noqa: E402
+from step_profile import profiled  # noqa: E402  (bench/, this script's folder: wall time and top ops)
 
 ONE = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 
@@ -55,11 +54,7 @@ def main() -> None:
         print(f"+{new} new tokens: " + " ".join(f"{x:.0f}" for x in times) + " ms")
     if a.profile:
         prompt = base + [rng.randrange(100, 49000) for _ in range(a.profile)]
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            llm.generate([prompt], ONE)
-        ops = sorted((e for e in prof.key_averages() if e.self_cpu_time_total > 0), key=lambda e: -e.self_cpu_time_total)
-        for e in ops[:12]:
-            print(f"  {e.key:<40} {e.self_cpu_time_total / 1e3:8.1f} ms {e.count:6d} calls")
+        profiled(lambda: llm.generate([prompt], ONE), True, f"+{a.profile} new tokens")
 
 
 if __name__ == "__main__":

@@ -28,13 +28,12 @@ def page_report(engine: Engine) -> dict[str, Any]:
     pool = engine.pool
     cache, kv = engine.prefix_cache, engine.scheduler.kv
     cached = cache.num_cached_pages if cache is not None else 0
-    tails = len(kv.tails) if kv.tails is not None else 0
     return {
         "total": pool.num_pages,
         "free": pool.num_free,
         "cached": cached,
-        "tails": tails,
-        "in_use": pool.num_in_use - cached - tails,
+        "tails": kv.kept_pages - cached,
+        "in_use": pool.num_in_use - kv.kept_pages,
         "evictable": kv.evictable_pages,
         "requests_running": engine.num_running,
         "requests_waiting": engine.num_waiting,

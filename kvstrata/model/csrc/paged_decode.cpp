@@ -156,10 +156,11 @@ void paged_decode_impl(const at::Tensor& q, const at::Tensor& k_cache, const at:
 #if KVSTRATA_AMX_BF16
       if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
         if (amx) {
+          const bool whole = h1 - h0 > 1;  // the first head brings the item's slots (paged_decode_amx_chunk.h)
           for (int64_t h = h0; h < h1; ++h)
             attend_span_amx<D>(qa.get() + (h - h0) * kMaxQueries * D, Q, limit, k_p + h * D, v_p + h * D, Hkv * D,
                                pages_p + top * P, page_size, begin, end, scale, parts[h - h0], *scratch, tiles,
-                               h == h0 && h1 - h0 > 1 ? k_p + h0 * D : nullptr, h == h0 && h1 - h0 > 1 ? v_p + h0 * D : nullptr,
+                               whole && h == h0 ? k_p + h0 * D : nullptr, whole && h == h0 ? v_p + h0 * D : nullptr,
                                (h1 - h0) * D * 2);
           continue;
         }

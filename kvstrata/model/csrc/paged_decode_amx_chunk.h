@@ -93,6 +93,16 @@ inline void chunk_slots(const int64_t* pages, int64_t page_size, int64_t t0, int
   }
 }
 
+// the rows of tokens [j0, j1) of a chunk: `bytes` from `cache` in each token's slot, into L1 (kHint
+// _MM_HINT_T0) or L2 (_MM_HINT_T1)
+template <int kHint>
+inline void prefetch_rows(const c10::BFloat16* cache, const int64_t* slot, int64_t stride, int j0, int j1, int64_t bytes) {
+  for (int j = j0; j < j1; ++j) {
+    const char* row = reinterpret_cast<const char*>(cache + slot[j] * stride);
+    for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(row + off, static_cast<_mm_hint>(kHint));
+  }
+}
+
 // the chunk's K as B tiles (pairs of dims x tokens) and V as B tiles (token pairs x dims, interleaved);
 // tokens past n are zeros. Each token's head row is 2 D bytes of a slot that holds every KV head: the
 // rows of the next 16 tokens are prefetched while these are turned, since a strided walk defeats the
@@ -103,26 +113,14 @@ void chunk_kv(const c10::BFloat16* k, const c10::BFloat16* v, int64_t stride, co
   using S = SpanScratch<D>;
   // the first head of an item brings the item's heads' rows (whole_bytes from whole_k / whole_v in each slot)
   // of the tokens 32-64 ahead into L2, one sequential read the other heads then find there
-  const auto prefetch_slots = [&](const c10::BFloat16* cache, int j0) {
-    if (cache == nullptr) return;
-    for (int j = j0; j < std::min(j0 + 32, n); ++j) {
-      const char* row = reinterpret_cast<const char*>(cache + slot[j] * stride);
-      for (int64_t off = 0; off < whole_bytes; off += 64) _mm_prefetch(row + off, _MM_HINT_T1);
-    }
+  const auto ahead_l2 = [&](const c10::BFloat16* whole, const c10::BFloat16* own, int j0) {
+    prefetch_rows<_MM_HINT_T1>(whole ? whole : own, slot, stride, j0, std::min(j0 + 32, n), whole ? whole_bytes : 2 * D);
   };
   const __mmask16 pairs = static_cast<__mmask16>((1u << (S::DC / 2)) - 1);
-  const auto prefetch = [&](const c10::BFloat16* cache, int j0) {
-    for (int j = j0; j < std::min(j0 + 16, n); ++j)
-      for (int d = 0; d < D; d += 32) _mm_prefetch(reinterpret_cast<const char*>(cache + slot[j] * stride + d), _MM_HINT_T0);
-  };
-  const auto prefetch_l2 = [&](const c10::BFloat16* cache, int j0) {  // K rows the scores read in place, later
-    for (int j = j0; j < std::min(j0 + 32, n); ++j)
-      for (int d = 0; d < D; d += 32) _mm_prefetch(reinterpret_cast<const char*>(cache + slot[j] * stride + d), _MM_HINT_T1);
-  };
-  if (kt) prefetch_slots(whole_k, 0);
+  if (kt && whole_k) ahead_l2(whole_k, k, 0);
   for (int b = 0; kt && b * 16 < n; ++b) {
-    if (b % 2 == 0) prefetch_slots(whole_k, b * 16 + 32);
-    prefetch(k, b * 16 + 16);
+    if (b % 2 == 0 && whole_k) ahead_l2(whole_k, k, b * 16 + 32);
+    prefetch_rows<_MM_HINT_T0>(k, slot, stride, b * 16 + 16, std::min(b * 16 + 32, n), 2 * D);
     for (int c = 0; c < S::KC; ++c) {
       __m512i r[16];
       for (int i = 0; i < 16; ++i)
@@ -141,13 +139,11 @@ void chunk_kv(const c10::BFloat16* k, const c10::BFloat16* v, int64_t stride, co
   const __m512i lo = _mm512_load_si512(kLo), hi = _mm512_load_si512(kHi);
   constexpr int W = D < 32 ? D : 32;  // dims a load takes
   const __mmask32 dims = static_cast<__mmask32>((uint64_t(1) << W) - 1);
-  prefetch_slots(whole_v, 0);
+  if (whole_v) ahead_l2(whole_v, v, 0);
   for (int s = 0; s * 32 < n; ++s) {
-    prefetch_slots(whole_v, s * 32 + 32);
-    if (!kt) prefetch_slots(whole_k, s * 32);
-    prefetch(v, s * 32 + 32);
-    prefetch(v, s * 32 + 48);
-    if (!kt) prefetch_l2(k, s * 32);
+    if (whole_v) ahead_l2(whole_v, v, s * 32 + 32);
+    if (!kt) ahead_l2(whole_k, k, s * 32);  // K rows the scores read in place, later
+    prefetch_rows<_MM_HINT_T0>(v, slot, stride, s * 32 + 32, std::min(s * 32 + 64, n), 2 * D);
     for (int tp = 0; tp < 16; ++tp) {
       const int j = s * 32 + 2 * tp;
       const c10::BFloat16* ra = j < n ? v + slot[j] * stride : nullptr;
