@@ -1,12 +1,13 @@
-// The q4 formats of csrc/int_dot_linear.cpp on AMX tiles (Sapphire Rapids and later, built where the
-// compiler targets AMX-INT8): a tile column's 16 output rows for up to 16 activation rows a pass.
+// The q4 and q8 formats of csrc/int_dot_linear.cpp on AMX tiles (Sapphire Rapids and later, built where
+// the compiler targets AMX-INT8): a tile column's 16 output rows for up to 16 activation rows a pass.
 //
 // Why: a verify step (engine/spec/) or a wide decode batch gives each linear 8-32 rows. On AVX512-VNNI a
 // row costs 16 vpdpbusd a tile (hi and lo activation bytes), so at 16 rows the kernel computes, it does
 // not wait on memory. AMX's tdpbsud takes a whole tile column's group at once: s8 activations (A: rows x
 // 32 inputs, loaded straight from the quantized rows with their stride) times u8 weights (B: 8 rows of
 // 64 bytes, "four inputs of 16 output rows a row", which is exactly the low plane's layout once each
-// vector's nibbles are split: lo[v] is B's row v, hi[v] its row 4 + v) into 16 int32 dots a row.
+// vector's nibbles are split: lo[v] is B's row v, hi[v] its row 4 + v; q8 adds the high plane's nibbles
+// on top) into 16 int32 dots a row.
 // Integer dots are exact, so each (row, group) dot equals the VNNI path's, and the float epilogue is the
 // VNNI path's operations in its order: the same bits for any row count (tests/model/test_int_dot_amx.py).
 // Tiles are configured per thread for the pass's row count (amx_tiles.h).
@@ -19,7 +20,7 @@
 
 namespace kvstrata_int_dot {
 
-// tile j's 16 scales and biases (q4, q4s, q4k) in float32 (the VNNI and AMX forms)
+// tile j's 16 scales and biases (q4, q4s, q4k; on AMX also q8, q8s) in float32 (the VNNI and AMX forms)
 inline void q4_scales_512(const uint8_t* w, const uint8_t* wb, int64_t j, Format f, __m512& sc, __m512& bi) {
   auto halves = [](const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); };
   if (f.kblocks) {  // d * sc, -dmin * m (int_dot_common.h)
@@ -30,8 +31,9 @@ inline void q4_scales_512(const uint8_t* w, const uint8_t* wb, int64_t j, Format
     sc = _mm512_mul_ps(halves(dm), bytes16(wb + kLowBytes));
     bi = _mm512_mul_ps(halves(dm + 32), bytes16(wb + kLowBytes + kLanes));
   } else {
-    sc = halves(wb + kLowBytes);
-    bi = f.symmetric ? _mm512_mul_ps(sc, _mm512_set1_ps(-f.zero())) : halves(wb + kLowBytes + 32);
+    const uint8_t* sp = wb + kLowBytes + f.high_bytes();  // q8: after the high plane
+    sc = halves(sp);
+    bi = f.symmetric ? _mm512_mul_ps(sc, _mm512_set1_ps(-f.zero())) : halves(sp + 32);
   }
 }
 
@@ -54,13 +56,20 @@ inline void amx_q4_shapes(kvstrata::TileShapes& t, int R) {
   t.load();
 }
 
-// a group's 32 x 16 nibbles as B's 8 rows of 64 bytes (lo[v] row v, hi[v] row 4 + v)
-inline void q4_group_bytes(const uint8_t* wb, uint8_t* q) {
-  const __m512i mask = _mm512_set1_epi8(0x0F);
+// a group's 32 x 16 q as B's 8 rows of 64 bytes (the low plane's lo[v] row v, hi[v] row 4 + v); q8 (the
+// only other format on these tiles) ors in the high plane's nibbles as each byte's top four bits
+inline void group_bytes(const uint8_t* wb, Format f, uint8_t* q) {
+  const __m512i mask = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(static_cast<char>(0xF0));
   for (int v = 0; v < 4; ++v) {
     const __m512i raw = _mm512_loadu_si512(wb + 64 * v);
-    _mm512_store_si512(q + 64 * v, _mm512_and_si512(raw, mask));
-    _mm512_store_si512(q + 64 * (4 + v), _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask));
+    __m512i lo = _mm512_and_si512(raw, mask), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
+    if (f.high_bits == 4) {
+      const __m512i H = _mm512_loadu_si512(wb + kLowBytes + 64 * v);
+      lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(H, mask), 4));
+      hi = _mm512_or_si512(hi, _mm512_and_si512(H, top));
+    }
+    _mm512_store_si512(q + 64 * v, lo);
+    _mm512_store_si512(q + 64 * (4 + v), hi);
   }
 }
 
@@ -95,8 +104,8 @@ inline void amx_q4_pair(const Activations& a, int64_t r0, int R, int64_t K, cons
   for (int64_t j = 0; j < nb; ++j) {
     const uint8_t* ga = tile_at(wa, j, f);
     const uint8_t* gb = tile_at(wb, j, f);
-    q4_group_bytes(ga, qa);
-    q4_group_bytes(gb, qb);
+    group_bytes(ga, f, qa);
+    group_bytes(gb, f, qb);
     _tile_loadd(4, qa, 64);
     _tile_loadd(7, qb, 64);
     _tile_zero(1);
@@ -134,7 +143,7 @@ inline void amx_q4_tiles(const Activations& a, int64_t r0, int R, int64_t K, con
   const int8_t* xl = a.lo.data() + r0 * K;
   for (int64_t j = 0; j < nb; ++j) {
     const uint8_t* wb = tile_at(w, j, f);
-    q4_group_bytes(wb, q);
+    group_bytes(wb, f, q);
     _tile_loadd(4, q, 64);
     _tile_zero(1);
     _tile_loadd(3, xl + j * kGroup, K);
@@ -147,6 +156,48 @@ inline void amx_q4_tiles(const Activations& a, int64_t r0, int R, int64_t K, con
       _tile_stored(0, dh, 64);
     }
     q4_group_epilogue(a, r0, R, nb, j, w, wb, f, dh, dl, out);
+  }
+}
+
+// tiles for amx_rows32: 0, 1 the int32 dots of rows 0-15 and 16..R-1; 2, 3 their activation bytes; 4 the
+// group's q (amx_q4_shapes's 4)
+inline void amx_rows32_shapes(kvstrata::TileShapes& t, int R) {
+  t.set(0, kAmxRows, 64);
+  t.set(1, R - kAmxRows, 64);
+  t.set(2, kAmxRows, kGroup);
+  t.set(3, R - kAmxRows, kGroup);
+  t.set(4, 8, 64);
+  t.load();
+}
+
+// out[r][i] for rows r0..r0+R-1 (16 < R <= 32) of one tile column: each group's q is built and loaded once
+// for both 16-row blocks (amx_q4_tiles would walk the column once a block). The dots and the epilogue are
+// amx_q4_tiles's, so the same bits. out: [R x 16]
+inline void amx_rows32(const Activations& a, int64_t r0, int R, int64_t K, const uint8_t* w, Format f, float* out) {
+  const int64_t nb = K / kGroup;
+  const int R1 = R - kAmxRows;
+  alignas(64) uint8_t q[8 * 64];
+  alignas(64) int32_t dh[2][kAmxRows * kLanes], dl[2][kAmxRows * kLanes];
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * kLanes, _mm512_setzero_ps());
+  const int8_t* xl = a.lo.data() + r0 * K;
+  const int8_t* xh = a.hi.data() + r0 * K;
+  for (int64_t j = 0; j < nb; ++j) {
+    const uint8_t* wb = tile_at(w, j, f);
+    group_bytes(wb, f, q);
+    _tile_loadd(4, q, 64);
+    for (int plane = a.wide ? 0 : 1; plane < 2; ++plane) {  // 0: the activations' high bytes, 1: the low
+      const int8_t* x = plane ? xl : xh;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_loadd(2, x + j * kGroup, K);
+      _tile_loadd(3, x + kAmxRows * K + j * kGroup, K);
+      _tile_dpbsud(0, 2, 4);
+      _tile_dpbsud(1, 3, 4);
+      _tile_stored(0, plane ? dl[0] : dh[0], 64);
+      _tile_stored(1, plane ? dl[1] : dh[1], 64);
+    }
+    q4_group_epilogue(a, r0, kAmxRows, nb, j, w, wb, f, dh[0], dl[0], out);
+    q4_group_epilogue(a, r0 + kAmxRows, R1, nb, j, w, wb, f, dh[1], dl[1], out + kAmxRows * kLanes);
   }
 }
 

@@ -43,8 +43,8 @@ namespace {
 using namespace kvstrata_int_dot;
 
 constexpr int kMaxRows = 8;  // activation rows per q4 pass
-// q4 calls of this many rows or more run on AMX tiles where built and granted (int_dot_amx.h), 16 rows a
-// pass. Each row's bits are the same either way.
+// q4 and q8 calls of this many rows or more run on AMX tiles where built and granted (int_dot_amx.h), 16
+// rows a pass. Each row's bits are the same either way.
 constexpr int64_t kAmxMinRows = 4;
 // q8 at 8-bit activations on signed bytes (int_dot_q8_bytes.h): tiles() given kQ8SignedRows rows or more
 // (of a call's runs of kMaxRows) rebuilds them in registers a pass; a call of kQ8BuiltRows rows or more
@@ -158,18 +158,35 @@ void run(const at::Tensor& x, const std::vector<at::Tensor>& parts, at::Tensor& 
       const size_t p = std::upper_bound(first_tile.begin(), first_tile.end(), c) - first_tile.begin() - 1;
       const Format f = formats[p];
       const uint8_t* w = parts[p].data_ptr<uint8_t>() + (c - first_tile[p]) * (K / kGroup) * f.bytes();
+#if KVSTRATA_AMX
+      const bool on_amx = amx && (f.high_bits == 0 || f.high_bits == 4);  // q4 and q8 formats
+#else
+      constexpr bool on_amx = false;
+#endif
 #if KVSTRATA_AVX2
-      const bool q8_built = !wide && f.high_bits == 4 && rows >= kQ8BuiltRows;  // the column rebuilt once
+      const bool q8_built = !on_amx && !wide && f.high_bits == 4 && rows >= kQ8BuiltRows;  // the column rebuilt once
       if (q8_built) {
         q8_bytes.resize((K / kGroup) * kQ8Bytes);
         q8_column_bytes(w, K / kGroup, f, q8_bytes.data());
       }
 #endif
 #if KVSTRATA_AMX
-      if (amx && f.high_bits == 0) {
+      if (on_amx) {
         const int cols = c + 1 < last && c + 1 < first_tile[p + 1] ? 2 : 1;  // this column and the next of its weight
-        for (int64_t r0 = 0; r0 < rows; r0 += kAmxRows) {
-          const int R = static_cast<int>(std::min<int64_t>(kAmxRows, rows - r0));
+        for (int64_t r0 = 0; r0 < rows;) {
+          if (rows - r0 > kAmxRows) {  // 17-32 rows: both blocks on one walk of each column
+            const int R = static_cast<int>(std::min<int64_t>(2 * kAmxRows, rows - r0));
+            amx_rows32_shapes(tiles_amx, R);
+            for (int cc = 0; cc < cols; ++cc) {
+              amx_rows32(a, r0, R, K, w + cc * (K / kGroup) * f.bytes(), f, tile);
+              for (int r = 0; r < R; ++r)
+                for (int i = 0; i < kLanes; ++i)
+                  o[(r0 + r) * N + (c + cc) * kLanes + i] = static_cast<scalar_t>(tile[r * kLanes + i]);
+            }
+            r0 += R;
+            continue;
+          }
+          const int R = static_cast<int>(rows - r0);
           amx_q4_shapes(tiles_amx, R);
           if (cols == 2) {
             amx_q4_pair(a, r0, R, K, w, w + (K / kGroup) * f.bytes(), f, tile);
@@ -180,6 +197,7 @@ void run(const at::Tensor& x, const std::vector<at::Tensor>& parts, at::Tensor& 
             for (int r = 0; r < R; ++r)
               for (int i = 0; i < kLanes; ++i)
                 o[(r0 + r) * N + (c + cc) * kLanes + i] = static_cast<scalar_t>(tile[(cc * R + r) * kLanes + i]);
+          r0 += R;
         }
         c += cols - 1;
         continue;
