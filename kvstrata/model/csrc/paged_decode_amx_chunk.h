@@ -61,11 +61,13 @@ struct SpanScratch {
 // the same bf16 pairs in the same order whichever operand is A). K^T: the chunk's K rows transposed once
 // for all the item's queries, KC transposes a 16-token block. Scores transposed: K rows are A tiles read in
 // place and the queries, transposed once a span, the B tile; each 16-token block's 16 x 16 scores are then
-// transposed, one transpose a block a 16 queries. The second where the queries are few and the head wide
-// (a one-row step at head size 128: 1 transpose a block, not 4).
+// transposed, one transpose a block a 16 queries. The second only where the queries fit one tile and the
+// head is wide (a one-row step at head size 128: 1 transpose a block, not 4): with two or more 16-query
+// groups each group loads the K rows again, strided across the slots, where K^T reads them once (the
+// figures: docs/cpu-kernels.md, "Attention").
 template <int D>
 constexpr bool scores_transposed(int Q) {
-  return SpanScratch<D>::DC == 32 && (Q + 15) / 16 < SpanScratch<D>::KC;
+  return SpanScratch<D>::DC == 32 && SpanScratch<D>::KC > 1 && Q <= 16;
 }
 
 // the queries' bf16 pairs as B tiles, 16 queries a tile (zeros past Q): [group][c][pair][query]
