@@ -216,7 +216,10 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               slots: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
+               slots: torch.Tensor, heads: int, kv_heads: int, q_norm: torch.Tensor | None = None,
+               k_norm: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
     """qkv [T, (H + 2 Hkv) * D], cos/sin [T, D] -> q [T, H, D] with RoPE applied; k (rotated) and v
-    written to the caches' rows `slots` [T], in one op (csrc/rope_store.cpp)."""
-    return torch.ops.kvstrata.rope_store(qkv.contiguous(), cos, sin, k_cache, v_cache, slots, heads, kv_heads)
+    written to the caches' rows `slots` [T], in one op (csrc/rope_store.cpp). With `q_norm` and `k_norm`
+    ([D], Qwen3) each q and k head is RMS-normed by them (`eps`) first."""
+    return torch.ops.kvstrata.rope_store(qkv.contiguous(), cos, sin, k_cache, v_cache, slots, heads, kv_heads,
+                                         q_norm, k_norm, eps)

@@ -288,6 +288,7 @@ class LlamaModel:
         """Rows h [T, hidden] -> q [T, H, D] with RoPE; their k (rotated) and v written to the cache rows `slots`."""
         H, Hkv = self.arch.num_heads, self.arch.num_kv_heads
         qkv = lw.qkv(h, narrow, self._scratch)  # [T, (H + 2 Hkv) * D]
-        if self.fused_ops and lw.q_norm is None:  # RoPE + the K/V write in one op
-            return cpu_kernels.rope_store(qkv, cos_t, sin_t, k_cache[li], v_cache[li], slots, H, Hkv)
+        if self.fused_ops:  # (Qwen3's q/k norms,) RoPE and the K/V write in one op
+            return cpu_kernels.rope_store(qkv, cos_t, sin_t, k_cache[li], v_cache[li], slots, H, Hkv, lw.q_norm,
+                                          lw.k_norm, self.arch.rms_norm_eps)
         return self._rope_store(qkv, cos_t.unsqueeze(1), sin_t.unsqueeze(1), lw, k_cache[li], v_cache[li], slots)

@@ -64,6 +64,30 @@ def test_rope_store_matches_torch(dtype: torch.dtype, tol: float) -> None:
         cpu_kernels.rope_store(qkv, cos, sin, k_cache, v_cache, slots + slots_n, H, Hkv)
 
 
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_rope_store_norms_q_and_k_heads_first(dtype: torch.dtype, tol: float) -> None:
+    """Qwen3's per-head q/k RMSNorms inside the op equal llama.py's torch path (norm, then RoPE)."""
+    T, H, Hkv, D, slots_n = 21, 16, 8, 128, 64
+    g = torch.Generator().manual_seed(3)
+    qkv = (torch.randn(T, (H + 2 * Hkv) * D, generator=g) * 4).to(dtype)
+    angle = torch.rand(T, D, generator=g) * 6
+    cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+    q_norm, k_norm = (torch.rand(D, generator=g) + 0.5).to(dtype), (torch.rand(D, generator=g) + 0.5).to(dtype)
+    slots = torch.randperm(slots_n, generator=g)[:T]
+    k_cache, v_cache = torch.zeros(slots_n, Hkv, D, dtype=dtype), torch.zeros(slots_n, Hkv, D, dtype=dtype)
+    q = cpu_kernels.rope_store(qkv, cos, sin, k_cache, v_cache, slots, H, Hkv, q_norm, k_norm, EPS)
+    qk = qkv[:, : (H + Hkv) * D].view(T, H + Hkv, D)
+    qk = torch.cat([rms_norm(qk[:, :H], q_norm, EPS), rms_norm(qk[:, H:], k_norm, EPS)], dim=1)
+    want = qk * cos[:, None] + rotate_half(qk) * sin[:, None]
+    torch.testing.assert_close(q.float(), want[:, :H].float(), atol=tol, rtol=tol)
+    torch.testing.assert_close(k_cache[slots].float(), want[:, H:].float(), atol=tol, rtol=tol)
+    assert torch.equal(v_cache[slots], qkv[:, (H + Hkv) * D :].view(T, Hkv, D))
+    with pytest.raises(RuntimeError, match="both or neither"):
+        cpu_kernels.rope_store(qkv, cos, sin, k_cache, v_cache, slots, H, Hkv, q_norm, None, EPS)
+    with pytest.raises(RuntimeError, match="q_norm, k_norm"):
+        cpu_kernels.rope_store(qkv, cos, sin, k_cache, v_cache, slots, H, Hkv, q_norm[:64], k_norm, EPS)
+
+
 def test_bad_shapes_raise() -> None:
     with pytest.raises(RuntimeError, match="weight"):
         cpu_kernels.rms_norm(torch.zeros(2, 8), torch.zeros(9), EPS)

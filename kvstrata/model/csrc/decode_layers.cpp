@@ -19,6 +19,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <optional>
+
 #include <vector>
 
 namespace {
@@ -29,7 +31,8 @@ constexpr int64_t kBias = 7, kPostNorm = 8, kNextNorm = 9;
 using LinearFn = at::Tensor(const at::Tensor&, at::TensorList, int64_t);
 using AddNormFn = at::Tensor(at::Tensor&, const at::Tensor&, const at::Tensor&, double);
 using RopeFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&,
-                          const at::Tensor&, int64_t, int64_t);
+                          const at::Tensor&, int64_t, int64_t, const std::optional<at::Tensor>&,
+                          const std::optional<at::Tensor>&, double);
 using DecodeFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                             const at::Tensor&, int64_t);
 using SiluFn = at::Tensor(const at::Tensor&);
@@ -78,7 +81,7 @@ at::Tensor decode_layers(at::Tensor& x, const at::Tensor& h0, at::TensorList wei
     at::Tensor qkv = k.linear.call(h, parts(w, 0, 3), act_bits);
     if (w[kBias].numel()) qkv = qkv + w[kBias];
     at::Tensor kc = k_cache[li], vc = v_cache[li];
-    const at::Tensor q = k.rope.call(qkv, cos, sin, kc, vc, slots, H, Hkv);
+    const at::Tensor q = k.rope.call(qkv, cos, sin, kc, vc, slots, H, Hkv, std::nullopt, std::nullopt, 0.0);  // no q/k norms here
     const at::Tensor o = k.attend.call(q, kc, vc, pages, lens, page_size);
     h = k.add_norm.call(x, k.linear.call(o.reshape({T, -1}), parts(w, 3, 1), act_bits), w[kPostNorm], eps);
     const at::Tensor gate_up = k.linear.call(h, parts(w, 4, 2), act_bits);
