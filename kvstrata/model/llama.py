@@ -32,10 +32,6 @@ from kvstrata.model.row_chunks import chunk_rows, chunks, prompt_chunks
 # kernels up to this over the weights' bits (5 bits: 8 rows, 8.5: 5), the crossing docs/cpu-kernels.md
 # measures (a next turn's few new tokens)
 PREFILL_BIT_ROWS = 48
-# the same on AMX tiles (int_dot_isa amx_int8: 4-32 rows a call for q4 and q8 formats, two 16-row blocks a walk
-# of the weights): a row costs the kernel far less, so the crossing is ~4x higher (8.5 bits: 22 rows), at most
-# decode_max_rows
-PREFILL_BIT_ROWS_AMX = 192
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -230,15 +226,14 @@ class LlamaModel:
         """The widest step with prompt rows that runs on the quantized kernels where dense copies exist
         (decode steps: up to decode_max_rows). The quantized kernel's arithmetic grows with the rows while
         the dense GEMM reads the bf16 weights whatever the rows, so the crossing falls as the quantized
-        weights' bits rise: PREFILL_BIT_ROWS / bits a weight, at most q4_max_rows (on AMX tiles
-        PREFILL_BIT_ROWS_AMX / bits, at most decode_max_rows)."""
+        weights' bits rise: PREFILL_BIT_ROWS / bits a weight, at most q4_max_rows. (On AMX tiles the
+        quantized step stays faster to ~20 rows, but a prompt step on them has other numerics than the
+        dense one a cache-off prefill takes: docs/cpu-kernels.md says why the crossing stays here.)"""
         quant = [lin for layer in self.layers for lin in layer.linears() if lin.quant is not None]
         nbytes, params = sum(lin.quant.nbytes() for lin in quant), sum(lin.params for lin in quant)  # type: ignore[union-attr]
         if not self.dense_linears or not nbytes or not params:
             return self.q4_max_rows
         bits = 8 * nbytes / params
-        if self.uses_int_dot and cpu_kernels.int_dot_isa() == "amx_int8":
-            return max(1, min(self.decode_max_rows, int(PREFILL_BIT_ROWS_AMX / bits)))
         return max(1, min(self.q4_max_rows, int(PREFILL_BIT_ROWS / bits)))
 
     def _layers(self, x: torch.Tensor, cos_t: torch.Tensor, sin_t: torch.Tensor, meta: AttentionMetadata,
