@@ -180,8 +180,9 @@ def int_dot_simd() -> bool:
 
 
 def int_dot_isa() -> str:
-    """Which form of int_dot_linear (q4) the built library runs: amx_int8 (calls of 4 rows or more; fewer on
-    avx512_vnni), avx512_vnni, avx2 or portable (int8_head_logits: the same but for amx_int8, which it runs on VNNI)."""
+    """Which form of int_dot_linear (q4; on AMX q8 too) the built library runs: amx_int8 (calls of 4 rows or
+    more; fewer on avx512_vnni), avx512_vnni, avx2 or portable (int8_head_logits: the same but for amx_int8,
+    which it runs on VNNI)."""
     return str(torch.ops.kvstrata.int_dot_isa())
 
 
