@@ -47,7 +47,7 @@ def main() -> None:
     llm.generate([base], ONE)
     print(f"cold {a.context} tokens: {time.perf_counter() - t:.2f} s")
     narrow = [llm.engine.model.prefill_narrow_rows]
-    if a.against_narrow_rows is not None:
+    if a.against_narrow_rows is not None and a.against_narrow_rows != narrow[0]:
         narrow.append(a.against_narrow_rows)
     for new in (int(n) for n in a.new.split(",")):
         times: dict[int, list[float]] = {n: [] for n in narrow}

@@ -22,6 +22,7 @@ namespace {
 template <typename scalar_t>
 void norm_head(const scalar_t* x, const scalar_t* w, int64_t D, float eps, scalar_t* y) {
   float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
   for (int64_t i = 0; i < D; ++i) ss += static_cast<float>(x[i]) * static_cast<float>(x[i]);
   const float scale = 1.f / std::sqrt(ss / static_cast<float>(D) + eps);
   for (int64_t i = 0; i < D; ++i) {
