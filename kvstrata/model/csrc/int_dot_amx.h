@@ -13,6 +13,8 @@
 // Tiles are configured per thread for the pass's row count (amx_tiles.h).
 #pragma once
 
+#include <algorithm>
+
 #include "int_dot_common.h"
 
 #if defined(__AVX512F__)
@@ -90,9 +92,9 @@ inline void q4_group_epilogue(const Activations& a, int64_t r0, int R, int64_t n
   }
 }
 
-// amx_q4_tiles for two tile columns of one weight (wa, wb: their first groups) on the same activation
-// tiles: four independent dots a group where one column's two waited on each other; the same integers and
-// epilogue, so the same bits. out: [2][R x 16]
+// amx_column for two tile columns of one weight (wa, wb: their first groups) and up to 16 rows on the same
+// activation tiles: four independent dots a group where one column's two waited on each other; the same
+// integers and epilogue, so the same bits. out: [2][R x 16]
 inline void amx_q4_pair(const Activations& a, int64_t r0, int R, int64_t K, const uint8_t* wa, const uint8_t* wb,
                         Format f, float* out) {
   const int64_t nb = K / kGroup;
@@ -133,49 +135,23 @@ inline void amx_q4_pair(const Activations& a, int64_t r0, int R, int64_t K, cons
   }
 }
 
-// out[r][i] for rows r0..r0+R-1 (R <= 16) of one q4 tile column (this thread's tiles shaped for R: amx_q4_shapes)
-inline void amx_q4_tiles(const Activations& a, int64_t r0, int R, int64_t K, const uint8_t* w, Format f, float* out) {
-  const int64_t nb = K / kGroup;
-  alignas(64) uint8_t q[8 * 64];
-  alignas(64) int32_t dh[kAmxRows * kLanes], dl[kAmxRows * kLanes];
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * kLanes, _mm512_setzero_ps());
-  const int8_t* xh = a.hi.data() + r0 * K;
-  const int8_t* xl = a.lo.data() + r0 * K;
-  for (int64_t j = 0; j < nb; ++j) {
-    const uint8_t* wb = tile_at(w, j, f);
-    group_bytes(wb, f, q);
-    _tile_loadd(4, q, 64);
-    _tile_zero(1);
-    _tile_loadd(3, xl + j * kGroup, K);
-    _tile_dpbsud(1, 3, 4);
-    _tile_stored(1, dl, 64);
-    if (a.wide) {
-      _tile_zero(0);
-      _tile_loadd(2, xh + j * kGroup, K);
-      _tile_dpbsud(0, 2, 4);
-      _tile_stored(0, dh, 64);
-    }
-    q4_group_epilogue(a, r0, R, nb, j, w, wb, f, dh, dl, out);
-  }
-}
-
-// tiles for amx_rows32: 0, 1 the int32 dots of rows 0-15 and 16..R-1; 2, 3 their activation bytes; 4 the
-// group's q (amx_q4_shapes's 4)
-inline void amx_rows32_shapes(kvstrata::TileShapes& t, int R) {
-  t.set(0, kAmxRows, 64);
-  t.set(1, R - kAmxRows, 64);
-  t.set(2, kAmxRows, kGroup);
-  t.set(3, R - kAmxRows, kGroup);
+// tiles for amx_column: 0, 1 the int32 dots of rows 0-15 and 16..R-1; 2, 3 their activation bytes; 4 the
+// group's q (amx_q4_shapes's 4). With 16 rows or fewer, 1 and 3 are unused (one row each: a valid shape)
+inline void amx_column_shapes(kvstrata::TileShapes& t, int R) {
+  const int R1 = std::max(1, R - kAmxRows);
+  t.set(0, std::min(R, kAmxRows), 64);
+  t.set(1, R1, 64);
+  t.set(2, std::min(R, kAmxRows), kGroup);
+  t.set(3, R1, kGroup);
   t.set(4, 8, 64);
   t.load();
 }
 
-// out[r][i] for rows r0..r0+R-1 (16 < R <= 32) of one tile column: each group's q is built and loaded once
-// for both 16-row blocks (amx_q4_tiles would walk the column once a block). The dots and the epilogue are
-// amx_q4_tiles's, so the same bits. out: [R x 16]
-inline void amx_rows32(const Activations& a, int64_t r0, int R, int64_t K, const uint8_t* w, Format f, float* out) {
+// out[r][i] for rows r0..r0+R-1 (R <= 32) of one tile column (this thread's tiles shaped for R:
+// amx_column_shapes): each group's q is built and loaded once for both 16-row blocks. out: [R x 16]
+inline void amx_column(const Activations& a, int64_t r0, int R, int64_t K, const uint8_t* w, Format f, float* out) {
   const int64_t nb = K / kGroup;
-  const int R1 = R - kAmxRows;
+  const int R0 = std::min(R, kAmxRows), R1 = R - R0;
   alignas(64) uint8_t q[8 * 64];
   alignas(64) int32_t dh[2][kAmxRows * kLanes], dl[2][kAmxRows * kLanes];
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * kLanes, _mm512_setzero_ps());
@@ -188,16 +164,18 @@ inline void amx_rows32(const Activations& a, int64_t r0, int R, int64_t K, const
     for (int plane = a.wide ? 0 : 1; plane < 2; ++plane) {  // 0: the activations' high bytes, 1: the low
       const int8_t* x = plane ? xl : xh;
       _tile_zero(0);
-      _tile_zero(1);
       _tile_loadd(2, x + j * kGroup, K);
-      _tile_loadd(3, x + kAmxRows * K + j * kGroup, K);
       _tile_dpbsud(0, 2, 4);
-      _tile_dpbsud(1, 3, 4);
       _tile_stored(0, plane ? dl[0] : dh[0], 64);
-      _tile_stored(1, plane ? dl[1] : dh[1], 64);
+      if (R1) {
+        _tile_zero(1);
+        _tile_loadd(3, x + kAmxRows * K + j * kGroup, K);
+        _tile_dpbsud(1, 3, 4);
+        _tile_stored(1, plane ? dl[1] : dh[1], 64);
+      }
     }
-    q4_group_epilogue(a, r0, kAmxRows, nb, j, w, wb, f, dh[0], dl[0], out);
-    q4_group_epilogue(a, r0 + kAmxRows, R1, nb, j, w, wb, f, dh[1], dl[1], out + kAmxRows * kLanes);
+    q4_group_epilogue(a, r0, R0, nb, j, w, wb, f, dh[0], dl[0], out);
+    if (R1) q4_group_epilogue(a, r0 + kAmxRows, R1, nb, j, w, wb, f, dh[1], dl[1], out + kAmxRows * kLanes);
   }
 }
 

@@ -173,30 +173,23 @@ void run(const at::Tensor& x, const std::vector<at::Tensor>& parts, at::Tensor& 
 #if KVSTRATA_AMX
       if (on_amx) {
         const int cols = c + 1 < last && c + 1 < first_tile[p + 1] ? 2 : 1;  // this column and the next of its weight
+        const auto keep = [&](int64_t r0, int R, int cc, const float* t) {  // t: R rows of column c + cc
+          for (int r = 0; r < R; ++r)
+            for (int i = 0; i < kLanes; ++i) o[(r0 + r) * N + (c + cc) * kLanes + i] = static_cast<scalar_t>(t[r * kLanes + i]);
+        };
         for (int64_t r0 = 0; r0 < rows;) {
-          if (rows - r0 > kAmxRows) {  // 17-32 rows: both blocks on one walk of each column
-            const int R = static_cast<int>(std::min<int64_t>(2 * kAmxRows, rows - r0));
-            amx_rows32_shapes(tiles_amx, R);
-            for (int cc = 0; cc < cols; ++cc) {
-              amx_rows32(a, r0, R, K, w + cc * (K / kGroup) * f.bytes(), f, tile);
-              for (int r = 0; r < R; ++r)
-                for (int i = 0; i < kLanes; ++i)
-                  o[(r0 + r) * N + (c + cc) * kLanes + i] = static_cast<scalar_t>(tile[r * kLanes + i]);
-            }
-            r0 += R;
-            continue;
-          }
-          const int R = static_cast<int>(rows - r0);
-          amx_q4_shapes(tiles_amx, R);
-          if (cols == 2) {
+          const int R = static_cast<int>(std::min<int64_t>(2 * kAmxRows, rows - r0));
+          if (cols == 2 && R <= kAmxRows) {  // one block: both columns on its activation tiles
+            amx_q4_shapes(tiles_amx, R);
             amx_q4_pair(a, r0, R, K, w, w + (K / kGroup) * f.bytes(), f, tile);
-          } else {
-            amx_q4_tiles(a, r0, R, K, w, f, tile);
+            for (int cc = 0; cc < 2; ++cc) keep(r0, R, cc, tile + cc * R * kLanes);
+          } else {  // each column walked once for up to two 16-row blocks
+            amx_column_shapes(tiles_amx, R);
+            for (int cc = 0; cc < cols; ++cc) {
+              amx_column(a, r0, R, K, w + cc * (K / kGroup) * f.bytes(), f, tile);
+              keep(r0, R, cc, tile);
+            }
           }
-          for (int cc = 0; cc < cols; ++cc)
-            for (int r = 0; r < R; ++r)
-              for (int i = 0; i < kLanes; ++i)
-                o[(r0 + r) * N + (c + cc) * kLanes + i] = static_cast<scalar_t>(tile[(cc * R + r) * kLanes + i]);
           r0 += R;
         }
         c += cols - 1;
