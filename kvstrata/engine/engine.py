@@ -24,6 +24,7 @@ from kvstrata.engine.spec.cost import measure_step_cost
 from kvstrata.engine.spec.speculator import Speculator
 from kvstrata.engine.malloc_tuning import keep_freed_heap
 from kvstrata.engine.model_loader import kv_layout, load_model
+from kvstrata.engine.next_turn import is_follow_up, queue_follow_up
 from kvstrata.engine.warmup import WarmupReport, warm_up
 from kvstrata.kv.events import attach_kv_events
 from kvstrata.kv.hashing import namespace_root
@@ -237,7 +238,10 @@ class Engine:
                 self._requests.pop(req.request_id, None)
                 if self.spec is not None:
                     self.spec.finish(req, keep_output=True)
-            outs.append(self.outputs.output(req))
+                queue_follow_up(self, req)
+            out = self.outputs.output(req)
+            if not is_follow_up(req.request_id):  # a follow-up is the cache's work: nobody reads its output
+                outs.append(out)
         return outs
 
     def _fail(self, batch: ScheduledBatch, error: str) -> list[RequestOutput]:
@@ -248,7 +252,9 @@ class Engine:
             if self.spec is not None:
                 self.spec.finish(req, keep_output=False)
             self._requests.pop(req.request_id, None)
-            outs.append(self.outputs.output(req))
+            out = self.outputs.output(req)
+            if not is_follow_up(req.request_id):
+                outs.append(out)
         return outs
 
     def default_warmup_tokens(self, step_budget: int) -> int:

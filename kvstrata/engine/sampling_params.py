@@ -59,12 +59,14 @@ class SamplingParams:
     logprobs: int | None = None  # each generated token's logprob and this many top alternatives; None: none
     priority: int = 0  # vLLM's: lower is served first (admission, prefill order); the higher is preempted first
     prompt_logprobs: int | None = None  # the same for each prompt token (completions' echo); None: none
+    next_turn: tuple[int, ...] = ()  # chat: the template's turn end and next opener, prefilled after the reply (next_turn.py)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "next_turn", tuple(self.next_turn))
         object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in dict(self.logit_bias).items())))
 
     @property

@@ -19,6 +19,7 @@ from kvstrata.serving.sampling_request import SamplingRequest
 from kvstrata.serving.tool_calls.formats import ToolCallFormat
 from kvstrata.serving.tool_calls.plan import ToolPlan, plan_tools
 from kvstrata.serving.tool_calls.validate import forced_tool, response_schema
+from kvstrata.serving.turn_opener import turn_opener
 
 if TYPE_CHECKING:
     from kvstrata.engine.async_engine import AsyncEngine
@@ -117,7 +118,10 @@ def prepare_chat(
     prompt = engine.tokenizer.encode(text)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     prepared = _finish(req, engine, [prompt], max_tokens, None)
-    return replace(prepared, params=replace(prepared.params, grammar=plan.grammar), tool_format=plan.tool_format,
+    # one reply: its turn end and the next message's opening are prefilled after it (serving/turn_opener.py)
+    opener = turn_opener(engine.tokenizer) if prepared.params.n == 1 else ()
+    return replace(prepared, params=replace(prepared.params, grammar=plan.grammar, next_turn=opener),
+                   tool_format=plan.tool_format,
                    reasoning=reply_reasoning(req, engine.tokenizer, reasoning_parser, plan.constrained))
 
 

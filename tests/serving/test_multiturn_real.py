@@ -2,6 +2,7 @@
 conversation: each turn's cached_tokens covers the previous turn's prompt and reply."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -64,3 +65,26 @@ def test_real_model_answers_sensibly(real_server: ServerThread) -> None:
     assert right >= 3, right
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_next_turn_opener_prefilled_after_a_reply(real_server: ServerThread) -> None:
+    """A reply that ends on <|im_end|> is followed, before the next request, by a prefill of that token and
+    the template's `\\n<|im_start|>user\\n` (engine/next_turn.py): the next turn reads all of its prompt but
+    its own new message from the cache."""
+    client = openai_client(real_server, timeout=120)
+    engine = real_server.state.ready_engine().engine
+    tok = real_server.state.ready_engine().tokenizer
+    messages = [{"role": "system", "content": "Answer in a few words."},
+                {"role": "user", "content": "What is the capital of France?"}]
+    r = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=48, temperature=0)
+    assert r.choices[0].finish_reason == "stop"
+    deadline = time.monotonic() + 30
+    while engine.has_unfinished() and time.monotonic() < deadline:  # the follow-up runs after the reply went out
+        time.sleep(0.02)
+    question = "And of Italy?"
+    messages += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": question}]
+    r2 = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=4, temperature=0)
+    # new: the question and the closing `<|im_end|>\n<|im_start|>assistant\n`; before the follow-up the
+    # sampled `<|im_end|>` and the opener `\n<|im_start|>user\n` were new as well
+    new = len(tok.encode(question + "<|im_end|>\n<|im_start|>assistant\n"))
+    assert r2.usage.prompt_tokens_details.cached_tokens == r2.usage.prompt_tokens - new
