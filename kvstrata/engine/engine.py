@@ -238,7 +238,7 @@ class Engine:
                 self._requests.pop(req.request_id, None)
                 if self.spec is not None:
                     self.spec.finish(req, keep_output=True)
-                queue_follow_up(self, req)
+                queue_follow_up(self, req, self.info.max_model_len)
             out = self.outputs.output(req)
             if not is_follow_up(req.request_id):  # a follow-up is the cache's work: nobody reads its output
                 outs.append(out)

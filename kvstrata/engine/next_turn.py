@@ -19,19 +19,24 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kvstrata.engine.outputs import EngineOverloadedError
 from kvstrata.engine.request import Request
 from kvstrata.engine.sampling_params import MAX_PRIORITY, InvalidRequestError, SamplingParams
 
-if TYPE_CHECKING:
-    from kvstrata.engine.engine import Engine
-
 log = logging.getLogger(__name__)
 
 FOLLOW_UP_PREFIX = "next-turn-"  # a follow-up's request id: this, then its request's
 _FOLLOW_UP = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, priority=MAX_PRIORITY)
+
+
+class _Engine(Protocol):
+    """What a follow-up needs of the engine (engine.py's Engine; a protocol, so no import circle)."""
+
+    def has_unfinished(self) -> bool: ...
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> object: ...
 
 
 def is_follow_up(request_id: str) -> bool:
@@ -55,13 +60,13 @@ def follow_up(req: Request, max_model_len: int) -> tuple[str, list[int], Samplin
     return FOLLOW_UP_PREFIX + req.request_id, tokens, params
 
 
-def queue_follow_up(engine: Engine, req: Request) -> None:
+def queue_follow_up(engine: _Engine, req: Request, max_model_len: int) -> None:
     """After `req` finished: its follow-up, where it has one and the engine has nothing else to run (under
     load a follow-up would take a step from requests people wait on). Best effort: where it cannot be
     queued, the next turn computes those tokens itself."""
     if engine.has_unfinished():
         return
-    found = follow_up(req, engine.info.max_model_len)
+    found = follow_up(req, max_model_len)
     if found is None:
         return
     try:
