@@ -165,7 +165,7 @@ class CacheConfig:
     )
     kvstore_prefetch_timeout_base_s: float = opt(1.0, "prefetch deadline: base seconds ...", min=0.0)
     kvstore_prefetch_timeout_per_page_s: float = opt(0.01, "... plus this many seconds per page to fetch", min=0.0)
-    kvstore_prefetch_batch_pages: int = opt(128, "pages per L3 read during a prefetch", min=1)
+    kvstore_prefetch_batch_pages: int = opt(16, "pages per L3 read during a prefetch", min=1)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,10 @@
 The deadline is `start + base_s` for the existence probe, then `start + base_s + per_page_s x pages`.
 The engine thread enforces it: `poll` past the deadline returns what has arrived and abandons the
 job (a store stuck in a call keeps its I/O thread, never the request). Results cross threads only
-through `_Job` fields guarded by its lock; the caller puts the pages into L2 on the engine thread.
+through `_Job` fields guarded by its lock; the caller puts the pages into L2 on the engine thread,
+each batch as it arrives (`take`), so a long prefix is never held twice in memory: a batch's values
+are freed once copied into L2, and the next batch's reads reuse that memory instead of faulting in
+fresh pages, which was most of what restoring an agent's prefix cost (docs/kv-tiers.md, "Restore speed").
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ class PrefetchPolicy:
     min_pages: int = 2
     timeout_base_s: float = 1.0
     timeout_per_page_s: float = 0.01
-    batch_pages: int = 128
+    batch_pages: int = 16  # each read's values are put into L2 before the next: few pages keep fresh memory small
     max_pages: int = 1 << 30  # at most this many pages per request (L2 must hold them)
 
 
@@ -76,8 +79,17 @@ class Prefetcher:
         self._jobs[key] = job
         self._executor.submit(self._run, job)
 
+    def take(self, key: str) -> Fetched:
+        """Engine thread: the pages fetched since the last take (prefix order), while the job goes on;
+        `poll` then returns only the pages after them."""
+        job = self._jobs[key]
+        with job.lock:
+            fetched, job.fetched = job.fetched, []
+        return Fetched([h for h, _ in fetched], [p for _, p in fetched], False)
+
     def poll(self, key: str) -> Fetched | None:
-        """Engine thread: None while the job runs within its deadline; else its result (once)."""
+        """Engine thread: None while the job runs within its deadline; else its result (once): the pages
+        not taken yet, whether it timed out, the bad and the missing pages."""
         job = self._jobs[key]
         with job.lock:
             timed_out = not job.done and time.monotonic() >= job.deadline

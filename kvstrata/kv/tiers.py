@@ -108,11 +108,14 @@ class KVTiers:
             return False
         fetched = pf.poll(key)
         if fetched is None:
+            self._install(key, pf.take(key))  # what has arrived goes to L2 now, and its memory is freed
             return False
         self._install(key, fetched)
         return True
 
     def _install(self, key: str, fetched: Fetched) -> None:
+        """Put pages a prefetch brought into L2 and hold them for the request (called for each batch as
+        it arrives, then for the job's result)."""
         # a prefix fetched for a waiting request is a reuse: protected, so that under slru the pages
         # other requests' L1 evictions bring into L2 (protected continuations) cannot push it out first
         stored = [h for h, p in zip(fetched.hashes, fetched.payloads) if self.host.put_bytes(h, p, (PROTECTED, 0.0))]
@@ -125,8 +128,8 @@ class KVTiers:
         if stored:
             # held in L2 until the request is admitted or leaves: while it waits for L1 room, other
             # requests' L1 evictions must not push out the prefix it waited for
-            self._held[key] = self.host.hold(stored)
-            self._from_store[key] = set(stored)
+            self._held.setdefault(key, []).extend(self.host.hold(stored))
+            self._from_store.setdefault(key, set()).update(stored)
 
     def take_prefetched(self, key: str) -> set[bytes]:
         """The hashes this request's prefetch brought into L2 (forgotten and released after this call)."""

@@ -91,6 +91,14 @@ def test_same_output_from_l1_l2_l3_or_computed(tiny_model_dir: Path, tmp_path: P
     assert after.tiers == {"device": 0, "host": 0, "store": 96} and after.tokens == cold.tokens
     restarted.close()
 
+    # one page a store read: the prefix reaches L2 read by read (each put there as it arrives), each page once
+    batched = make(tiny_model_dir, store, kvstore_prefetch_batch_pages=1)
+    after = run(batched, {"a": a})["a"]
+    assert after.tiers == {"device": 0, "host": 0, "store": 96} and after.tokens == cold.tokens
+    snap = batched.tiers.stats.snapshot()
+    assert snap.reads["store"] == 6 and snap.writes["host"] == 6 and snap.prefetch == {"started": 1, "completed": 1}
+    batched.close()
+
 
 def test_corrupt_and_foreign_values_are_misses_then_healed(tiny_model_dir: Path, tmp_path: Path) -> None:
     store = {"path": str(tmp_path / "kvstore")}

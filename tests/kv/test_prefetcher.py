@@ -83,6 +83,31 @@ def test_fetches_in_prefix_order_in_batches() -> None:
     assert "r" not in pf and pf.num_pending == 0
 
 
+def test_take_hands_over_each_batch_as_it_arrives_and_poll_the_rest() -> None:
+    store = filled(7, delay_s=10.0)  # every batch_get waits for the test's release
+    pf, _ = prefetcher(store, batch_pages=3)
+    pf.start("r", HASHES)
+    assert pf.take("r").hashes == []  # nothing has arrived yet
+    deadline = time.monotonic() + 5.0
+    while len(store.gets) < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    store.delay_s = 0.0  # the batches after the first go at once
+    store.release.set()
+    taken: list[bytes] = []
+    payloads: list[bytes] = []
+    while len(taken) < 3:  # the first batch, handed over while the job may still run
+        assert time.monotonic() < deadline
+        got = pf.take("r")
+        taken += got.hashes
+        payloads += [bytes(p) for p in got.payloads]
+        time.sleep(0.01)
+    rest = finish(pf, "r")
+    assert taken + rest.hashes == HASHES  # each page once, in prefix order
+    assert payloads + [bytes(p) for p in rest.payloads] == PAYLOADS
+    assert not rest.timed_out and rest.bad is None and "r" not in pf
+
+
 def test_stops_at_the_first_missing_or_corrupt_page() -> None:
     store = filled(7)
     key3 = HASHES[3].hex()
