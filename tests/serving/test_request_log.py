@@ -37,3 +37,22 @@ def test_redacted_log_hides_words_keeps_shape(engine: AsyncEngine, tmp_path: Pat
     assert "hello" not in user and "Be brief" not in system and completion["body"]["prompt"] != "abc"
     assert len(system) == len(BODY["messages"][0]["content"]) and system[5:13].replace(":", "").isdigit()
     assert [m["role"] for m in chat["body"]["messages"]] == ["system", "user"] and chat["body"]["max_tokens"] == 2
+
+
+def test_responses_and_messages_log_the_chat_request_they_run_as(engine: AsyncEngine, tmp_path: Path) -> None:
+    log = tmp_path / "req.jsonl"
+    state = make_state(engine, ServerConfig(port=0, log_requests=str(log)))
+    with serve(state) as srv:
+        with httpx.Client(base_url=srv.base_url, timeout=30) as http:
+            responses = {"input": [{"role": "user", "content": "hello there"}], "instructions": "Be brief.",
+                         "max_output_tokens": 2, "store": False}
+            assert http.post("/v1/responses", json=responses).status_code == 200
+            messages = {"system": "Be brief.", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2}
+            assert http.post("/v1/messages", json=messages).status_code == 200
+    state.request_log.close()
+    logged = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [entry["endpoint"] for entry in logged] == ["chat", "chat"]  # what `kvstrata analyze` renders
+    for entry in logged:
+        roles = [(m["role"], m["content"] if isinstance(m["content"], str) else m["content"][0]["text"])
+                 for m in entry["body"]["messages"]]
+        assert roles[-1] == ("user", "hello there") and "Be brief." in roles[0][1]

@@ -14,6 +14,7 @@ leaves is aborted (disconnect.py), as on the chat routes."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -30,6 +31,7 @@ from kvstrata.serving.errors import quote, validation_error_to_api_error
 from kvstrata.serving.logprob_shapes import chat_logprobs
 from kvstrata.serving.prepare import prepare_chat
 from kvstrata.serving.protocol import ChatCompletionRequest
+from kvstrata.serving.response_cache.key import CHAT
 from kvstrata.serving.reasoning import ReasoningSplitter, split_reasoning
 from kvstrata.serving.responses.output import (
     OutputPlan, ResponseHeader, conversation_turn, new_id, output_items, responses_usage, split_reply,
@@ -90,6 +92,8 @@ def install_responses_route(app: FastAPI, state: ServerState, store: ResponseSto
                                           f"{store.max_responses}, in memory)", "previous_response_id", "not_found")
             history = found
         body, conversation = chat_body(req, history)
+        if state.request_log is not None:  # the chat request it runs as, which `kvstrata analyze` reads
+            state.request_log.write(CHAT, json.dumps(body).encode())
         try:
             chat = ChatCompletionRequest.model_validate(body)
         except ValidationError as exc:
