@@ -17,6 +17,7 @@ import concurrent.futures
 import json
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -153,14 +154,17 @@ class Gateway:
         Release, so simultaneous requests each count the ones decided before them."""
         ps = self.hasher.page_size if self.hasher is not None else 0
         n = prompt.num_tokens if prompt else 0
-        loads = [w.load(w.index.match_pages(prompt.hashes) * ps if prompt else 0) for w in ready]
+        key = affinity_key(body, headers or {})
+        now = time.monotonic()
+        homed = self.affinity.active_sessions(now, exclude=key)  # the sessions each rank will hear from again
+        loads = [replace(w.load(w.index.match_pages(prompt.hashes) * ps if prompt else 0, now),
+                         sessions=homed.get(w.rank, 0)) for w in ready]
         shared = self.shared.shared_pages(prompt.hashes) * ps if prompt else 0
         if prompt:
             self.shared.observe(prompt.hashes)
         decision = self.policy.choose(loads, n, shared)
-        key = affinity_key(body, headers or {})
         if key is not None:  # the same session sticks to one rank (key_affinity.py)
-            decision = self.affinity.route(key, loads, decision, n, self.policy.session_cost(n, shared))
+            decision = self.affinity.route(key, loads, decision, n, self.policy.session_cost(n, shared), now)
         chosen = next(r for r in loads if r.rank == decision.rank)
         return next(w for w in ready if w.rank == decision.rank), decision, max(n - chosen.match_tokens, 0)
 
@@ -210,7 +214,7 @@ class Gateway:
                 upstream = await self.client.send(
                     self.client.build_request("POST", worker.url + path, content=raw, headers=send), stream=True
                 )
-                done.begun()
+                done.begun(ok=upstream.status_code == 200)
                 chunks = upstream.aiter_raw()
                 try:
                     first = await chunks.__anext__()

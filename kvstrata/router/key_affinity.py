@@ -12,6 +12,12 @@ than the policy's pick (there the history is tokens to recompute): a move needs 
 rank longer than the prompt another rank would compute; with `--session-affinity hard` it stays
 on its rank while that rank is ready, whatever the load.
 
+The sessions a rank is home to are load that has not arrived yet: each sends its next turn there. So the
+gateway tells the policy how many keys each rank holds that sent a request within `SESSION_ACTIVE_S`
+(`active_sessions`), and `cost` prices a new session's rank by them where they are more than its requests
+in flight (policy.py): sessions spread by how many each rank serves, not by which happened to be between
+turns when the new one arrived.
+
 The key never crosses tenants: the map's key is (the request's Authorization header, its
 cache_salt, the prompt_cache_key), hashed, the way a rank namespaces its pages by tenant and salt.
 The map keeps the `MAX_KEYS` most recently used keys (LRU); a forgotten key is routed afresh.
@@ -20,6 +26,7 @@ Requests without a (string) key are left to the policy. The rank validates the k
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import OrderedDict
 from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
@@ -29,6 +36,7 @@ from kvstrata.router.policy import Decision, RankLoad, overloaded
 from kvstrata.serving.messages.cache_hints import session_key
 
 MAX_KEYS = 65536
+SESSION_ACTIVE_S = 300.0  # a key that sent a request this recently counts as its rank's load (Anthropic's cache TTL)
 
 
 def affinity_key(body: Mapping[str, Any], headers: Mapping[str, str]) -> bytes | None:
@@ -54,11 +62,23 @@ class KeyAffinity:
             raise ValueError(f"max_keys must be >= 1, got {max_keys}")
         self.cfg = cfg
         self.max_keys = max_keys
-        self._rank: OrderedDict[bytes, int] = OrderedDict()
+        self._rank: OrderedDict[bytes, int] = OrderedDict()  # least recently used first
+        self._seen: dict[bytes, float] = {}  # key -> when it last sent a request (monotonic seconds)
         self.moves = 0  # keys moved off an overloaded or unready rank
 
     def __len__(self) -> int:
         return len(self._rank)
+
+    def active_sessions(self, now: float, exclude: bytes | None = None) -> dict[int, int]:
+        """Keys per rank that sent a request within `SESSION_ACTIVE_S` of `now`, `exclude` (the asking
+        session) left out. Read-only; walks from the most recent key to the first older one."""
+        counts: dict[int, int] = {}
+        for key in reversed(self._rank):
+            if now - self._seen[key] > SESSION_ACTIVE_S:
+                break
+            if key != exclude:
+                counts[self._rank[key]] = counts.get(self._rank[key], 0) + 1
+        return counts
 
     def stays(self, load: RankLoad, ranks: Sequence[RankLoad], policy_choice: Decision,
               cost: Callable[[RankLoad], int] | None, prompt_tokens: int = 0) -> bool:
@@ -72,10 +92,11 @@ class KeyAffinity:
         return not overloaded(load.requests, ranks, self.cfg)
 
     def route(self, key: bytes, ranks: Sequence[RankLoad], policy_choice: Decision, prompt_tokens: int = 0,
-              cost: Callable[[RankLoad], int] | None = None) -> Decision:
+              cost: Callable[[RankLoad], int] | None = None, now: float | None = None) -> Decision:
         """The rank for `key` among the ready `ranks`: its sticky rank while it stays (`stays`), else
         `policy_choice` (which becomes the key's rank). `cost`: the cost policy's, when it routes. Changes
-        state: records and refreshes the key."""
+        state: records and refreshes the key (seen at `now`, monotonic seconds; default: the clock)."""
+        self._seen[key] = time.monotonic() if now is None else now
         current = self._rank.get(key)
         load = next((r for r in ranks if r.rank == current), None)
         if load is not None and self.stays(load, ranks, policy_choice, cost, prompt_tokens):
@@ -86,6 +107,6 @@ class KeyAffinity:
         self._rank[key] = policy_choice.rank
         self._rank.move_to_end(key)
         while len(self._rank) > self.max_keys:
-            self._rank.popitem(last=False)
+            self._seen.pop(self._rank.popitem(last=False)[0], None)
         reason = "session_moved" if current is not None else policy_choice.reason
         return Decision(policy_choice.rank, reason, policy_choice.match_ratio)

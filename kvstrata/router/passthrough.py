@@ -5,6 +5,7 @@ a client that left, an answer that never started). A request every rank answers 
 from __future__ import annotations
 
 import logging
+import time
 from typing import AsyncIterator
 
 import httpx
@@ -21,15 +22,18 @@ class Release:
     queued prefill (`prefill` uncached tokens) as soon as the rank answers (`begun`: the rank sends its
     headers once the first token is out) or with the rest."""
 
-    def __init__(self, worker: Worker, cost: int, prefill: int = 0) -> None:
+    def __init__(self, worker: Worker, cost: int, prefill: int = 0, now: float | None = None) -> None:
         self.worker, self.cost, self.prefill, self.done = worker, cost, prefill, False
         worker.requests += 1
         worker.tokens += cost
-        worker.prefill_tokens += prefill
+        worker.prefill.sent(id(self), prefill, time.monotonic() if now is None else now)
 
-    def begun(self) -> None:
-        self.worker.prefill_tokens -= self.prefill
-        self.prefill = 0
+    def begun(self, ok: bool = False, now: float | None = None) -> None:
+        """The answer started (`ok`: a reply, status 200, whose wait times the rank's prefill), or the request
+        ended without one. Once."""
+        if self.prefill >= 0:
+            self.worker.prefill.answered(id(self), self.prefill, time.monotonic() if now is None else now, learn=ok)
+            self.prefill = -1
 
     def __call__(self) -> None:
         if not self.done:

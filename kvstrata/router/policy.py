@@ -8,6 +8,7 @@
 |               | otherwise the least-loaded rank, never "the smallest tree" regardless of load    |
 | cost          | the least predicted time to first token: prefill tokens already queued there +  |
 |               | this prompt's tokens not cached there + decode_cost_tokens a request in flight  |
+|               | (or a session homed there, where those are more: key_affinity.py)                |
 
 "Balanced" is SGLang router's test on in-flight requests: the loads are unbalanced when
 `max - min > balance_abs_threshold` and `max > min * balance_rel_threshold`.
@@ -34,6 +35,7 @@ class RankLoad:
     tokens: int = 0  # prompt + max_tokens of those requests
     match_tokens: int = 0  # prompt tokens this rank already holds in its prefix cache
     prefill_tokens: int = 0  # uncached prompt tokens of requests sent there that have not begun to answer
+    sessions: int = 0  # other sessions homed there that sent a request lately (KeyAffinity.active_sessions)
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,8 @@ class CostAware(Policy):
     def cost(self, rank: RankLoad, prompt_tokens: int, shared_tokens: int = 0) -> int:
         """Predicted time to first token there, in prompt tokens, the shared prefix priced as held there."""
         uncached = max(prompt_tokens - max(rank.match_tokens, shared_tokens), 0)
-        return rank.prefill_tokens + uncached + self.cfg.decode_cost_tokens * rank.requests
+        # a session homed there sends its next turn there: load to come, where it is more than what is in flight
+        return rank.prefill_tokens + uncached + self.cfg.decode_cost_tokens * max(rank.requests, rank.sessions)
 
     def session_cost(self, prompt_tokens: int, shared_tokens: int = 0) -> Callable[[RankLoad], int] | None:
         return lambda r: self.cost(r, prompt_tokens, shared_tokens)

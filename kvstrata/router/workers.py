@@ -19,6 +19,7 @@ import httpx
 
 from kvstrata.router.cache_index import RankCacheIndex
 from kvstrata.router.policy import RankLoad
+from kvstrata.router.prefill_progress import PrefillProgress
 from kvstrata.router.subscriber import KVEventSubscriber
 
 logger = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class Worker:
     info: dict[str, Any] = field(default_factory=dict)
     requests: int = 0  # in flight through the gateway
     tokens: int = 0
-    prefill_tokens: int = 0  # uncached prompt tokens of in-flight requests not yet answering (policy.RankLoad)
+    prefill: PrefillProgress = field(default_factory=PrefillProgress)  # unanswered prefill (prefill_progress.py)
     probe_failures: int = 0
     index: RankCacheIndex = field(default_factory=lambda: RankCacheIndex(exact=False))
     subscriber: KVEventSubscriber | None = None
@@ -45,8 +46,15 @@ class Worker:
     def ready(self) -> bool:
         return self.status == "ready"
 
-    def load(self, match_tokens: int = 0) -> RankLoad:
-        return RankLoad(self.rank, self.requests, self.tokens, match_tokens, self.prefill_tokens)
+    @property
+    def prefill_tokens(self) -> int:
+        """Uncached prompt tokens of in-flight requests not yet answering."""
+        return self.prefill.tokens
+
+    def load(self, match_tokens: int = 0, now: float | None = None) -> RankLoad:
+        """`now` (monotonic seconds): price the queued prefill as the part not done by then; None: whole."""
+        queued = self.prefill.tokens if now is None else self.prefill.remaining(now)
+        return RankLoad(self.rank, self.requests, self.tokens, match_tokens, queued)
 
     def events_address(self, endpoint: str | None) -> str | None:
         """A bound endpoint as this gateway reaches it: the wildcard host becomes the rank's host."""

@@ -3,7 +3,7 @@ past the balance thresholds, never crosses tenants, and the map stays bounded.""
 from __future__ import annotations
 
 from kvstrata.config_server import RouterConfig
-from kvstrata.router.key_affinity import KeyAffinity, affinity_key
+from kvstrata.router.key_affinity import SESSION_ACTIVE_S, KeyAffinity, affinity_key
 from kvstrata.router.policy import Decision, RankLoad
 
 CFG = RouterConfig(balance_abs_threshold=4, balance_rel_threshold=1.5)
@@ -118,3 +118,16 @@ def test_claude_codes_session_is_the_key() -> None:
     assert header is not None and header == meta
     assert header != affinity_key({}, {"x-claude-code-session-id": "s1", "x-api-key": "b"})  # another tenant's
     assert affinity_key({"metadata": "s1"}, {}) is None
+
+
+def test_active_sessions_counts_recent_keys_per_rank_leaving_the_asker_out() -> None:
+    aff = KeyAffinity(CFG)
+    keys = [bytes([i]) * 32 for i in range(5)]
+    for i, key in enumerate(keys):  # keys 0-2 on rank 0, 3-4 on rank 1, one second apart
+        aff.route(key, loads(0, 0), Decision(0 if i < 3 else 1, "cost"), now=100.0 + i)
+    assert aff.active_sessions(104.0) == {0: 3, 1: 2}
+    assert aff.active_sessions(104.0, exclude=keys[4]) == {0: 3, 1: 1}
+    # keys quiet for longer than SESSION_ACTIVE_S are no one's load; a new request makes a key count again
+    assert aff.active_sessions(102.5 + SESSION_ACTIVE_S) == {1: 2}
+    aff.route(keys[0], loads(0, 0), Decision(1, "cost"), now=103.0 + SESSION_ACTIVE_S)  # stays on rank 0
+    assert aff.active_sessions(103.5 + SESSION_ACTIVE_S) == {0: 1, 1: 1}  # key 3 (seen at 103) gone too

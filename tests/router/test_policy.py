@@ -1,6 +1,8 @@
 """Routing policies as tables: given each rank's load and cached match, which rank gets the request."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kvstrata.config_server import RouterConfig
@@ -59,6 +61,17 @@ def test_cost_prices_a_shared_prefix_as_held_on_every_rank() -> None:
     assert CostAware(CFG).choose(loads, 1000, shared_tokens=900).rank == 1
     # a session's own history (not shared) keeps its cost where it is cached
     assert CostAware(CFG).choose([RankLoad(0, 2, 0, 990, 0), RankLoad(1, 0, 0, 0, 0)], 1000, shared_tokens=900).rank == 0
+
+
+def test_cost_counts_the_sessions_homed_on_a_rank_where_more_than_its_requests() -> None:
+    """Both ranks hold the prefix; rank 0 is home to 3 sessions, 2 of them in flight now, rank 1 to 4, none
+    in flight: by requests alone a new session goes to rank 1 (a fifth session there), by sessions to rank 0."""
+    loads = [RankLoad(0, 2, 0, 900, 0, sessions=3), RankLoad(1, 0, 0, 900, 0, sessions=4)]
+    assert CostAware(CFG).choose(loads, 1000).rank == 0
+    assert CostAware(CFG).choose([replace(r, sessions=0) for r in loads], 1000).rank == 1
+    # in-flight requests above the sessions (requests of no session) still count
+    assert CostAware(CFG).choose([RankLoad(0, 6, 0, 900, 0, sessions=3), RankLoad(1, 0, 0, 900, 0, sessions=4)],
+                                 1000).rank == 1
 
 
 def test_cost_weighs_decode_load_by_the_flag() -> None:
