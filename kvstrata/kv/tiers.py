@@ -108,7 +108,9 @@ class KVTiers:
             return False
         fetched = pf.poll(key)
         if fetched is None:
-            self._install(key, pf.take(key))  # what has arrived goes to L2 now, and its memory is freed
+            arrived = pf.take(key)
+            if arrived.hashes:  # what has arrived goes to L2 now, and its memory is freed
+                self._install(key, arrived)
             return False
         self._install(key, fetched)
         return True

@@ -156,7 +156,8 @@ class Gateway:
         n = prompt.num_tokens if prompt else 0
         key = affinity_key(body, headers or {})
         now = time.monotonic()
-        homed = self.affinity.active_sessions(now, exclude=key)  # the sessions each rank will hear from again
+        # the sessions each rank will hear from again, for a policy that prices them
+        homed = self.affinity.active_sessions(now, exclude=key) if self.policy.needs_sessions else {}
         loads = [replace(w.load(w.index.match_pages(prompt.hashes) * ps if prompt else 0, now),
                          sessions=homed.get(w.rank, 0)) for w in ready]
         shared = self.shared.shared_pages(prompt.hashes) * ps if prompt else 0

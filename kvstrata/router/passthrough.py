@@ -30,10 +30,9 @@ class Release:
 
     def begun(self, ok: bool = False, now: float | None = None) -> None:
         """The answer started (`ok`: a reply, status 200, whose wait times the rank's prefill), or the request
-        ended without one. Once."""
-        if self.prefill >= 0:
-            self.worker.prefill.answered(id(self), self.prefill, time.monotonic() if now is None else now, learn=ok)
-            self.prefill = -1
+        ended without one. A second call is a no-op (nothing left to answer)."""
+        self.worker.prefill.answered(id(self), self.prefill, time.monotonic() if now is None else now, learn=ok)
+        self.prefill = 0
 
     def __call__(self) -> None:
         if not self.done:

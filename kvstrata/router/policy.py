@@ -54,6 +54,7 @@ def overloaded(requests: int, ranks: Sequence[RankLoad], cfg: RouterConfig) -> b
 class Policy:
     name = "base"
     needs_match = False  # whether the gateway must tokenize and match the prompt
+    needs_sessions = False  # whether the gateway must count the sessions homed on each rank (RankLoad.sessions)
 
     def __init__(self, cfg: RouterConfig) -> None:
         self.cfg = cfg
@@ -120,6 +121,7 @@ class CacheAware(Policy):
 class CostAware(Policy):
     name = "cost"
     needs_match = True
+    needs_sessions = True
 
     def cost(self, rank: RankLoad, prompt_tokens: int, shared_tokens: int = 0) -> int:
         """Predicted time to first token there, in prompt tokens, the shared prefix priced as held there."""

@@ -53,5 +53,6 @@ class PrefillProgress:
         """The queued prefill tokens not yet done by `now`, by the rank's speed."""
         if not self._sent or not self.tokens_per_s:
             return self.tokens
-        done = self.tokens_per_s * (now - min(self._sent.values()))
+        oldest = next(iter(self._sent.values()))  # sends are recorded in clock order
+        done = self.tokens_per_s * (now - oldest)
         return max(self.tokens - int(done), 0)

@@ -103,8 +103,11 @@ class RequestLog:
             body = json.loads(raw_body)
         except (ValueError, UnicodeDecodeError):
             return
-        if not isinstance(body, dict):
-            return
+        if isinstance(body, dict):
+            self.write_body(endpoint, body)
+
+    def write_body(self, endpoint: str, body: dict[str, Any]) -> None:
+        """Append one request already parsed (the chat request a Messages or Responses request runs as)."""
         if self.redact:
             body = redact_body(body)
         entry = {"ts": round(time.time(), 3), "endpoint": endpoint, "body": body}

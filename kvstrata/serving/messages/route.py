@@ -10,7 +10,6 @@ formats: those see a chat request. `--log-requests` records the chat request it 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -103,7 +102,7 @@ def install_messages_routes(app: FastAPI, state: ServerState) -> None:
         engine = state.ready_engine()
         body, chat, mark = as_chat(req, request)
         if state.request_log is not None:  # the chat request it runs as, which `kvstrata analyze` reads
-            state.request_log.write(CHAT, json.dumps(body).encode())
+            state.request_log.write_body(CHAT, body)
         # template, tokenizer and schema checks: CPU work, kept off the event loop
         prepared, breakpoint_tokens = await asyncio.to_thread(prepare, chat, engine, mark)
         prepared = scoped_to_tenant(prepared, request_tenant(request))

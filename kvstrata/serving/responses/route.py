@@ -14,7 +14,6 @@ leaves is aborted (disconnect.py), as on the chat routes."""
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -93,7 +92,7 @@ def install_responses_route(app: FastAPI, state: ServerState, store: ResponseSto
             history = found
         body, conversation = chat_body(req, history)
         if state.request_log is not None:  # the chat request it runs as, which `kvstrata analyze` reads
-            state.request_log.write(CHAT, json.dumps(body).encode())
+            state.request_log.write_body(CHAT, body)
         try:
             chat = ChatCompletionRequest.model_validate(body)
         except ValidationError as exc:
